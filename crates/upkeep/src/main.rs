@@ -1,0 +1,49 @@
+//! The `upkeep` command: serve, check, reload, lab, demo, doctor.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// HTTP reverse proxy and load balancer that never turns a transient fault into an outage.
+#[derive(Debug, Parser)]
+#[command(name = "upkeep", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the proxy, from a config file or from quick-start flags.
+    Serve(upkeep_proxy::cli::ServeArgs),
+    /// Validate a config file like `nginx -t`; every problem with file:line:column.
+    Check(upkeep_proxy::cli::CheckArgs),
+    /// Ask a running upkeep (through its admin listener) to re-read its config file.
+    Reload(upkeep_proxy::cli::ReloadArgs),
+    /// The fault lab: fake DNS, fault backends, open-loop load, scenarios.
+    Lab(upkeep_lab::cli::LabArgs),
+    /// Run the scenario catalog briefly against upkeep and every installed peer proxy.
+    Demo(upkeep_lab::cli::DemoArgs),
+    /// Find the seeds' traps in nginx configs, error logs, Kubernetes manifests, live servers.
+    Doctor(upkeep_doctor::cli::DoctorArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => upkeep_proxy::cli::serve(args),
+        Command::Check(args) => upkeep_proxy::cli::check(args),
+        Command::Reload(args) => upkeep_proxy::cli::reload(args),
+        Command::Lab(args) => upkeep_lab::cli::run(args),
+        Command::Demo(args) => upkeep_lab::cli::run_demo(args),
+        Command::Doctor(args) => upkeep_doctor::cli::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("upkeep: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
