@@ -1,0 +1,142 @@
+//! One JSON access-log line per request, written by a background task so the request path
+//! never blocks on the log's destination.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::config::AccessLog;
+
+/// One request as logged.
+#[derive(Debug, Serialize)]
+pub struct Record {
+    /// Start time, RFC 3339 UTC.
+    pub time: String,
+    /// Method.
+    pub method: String,
+    /// Host header or authority.
+    pub host: String,
+    /// Path and query.
+    pub path: String,
+    /// HTTP version downstream.
+    pub proto: &'static str,
+    /// Status sent.
+    pub status: u16,
+    /// Until the response body ended.
+    pub duration_ms: f64,
+    /// The upstream peer of the last attempt.
+    pub peer: Option<SocketAddr>,
+    /// Upstream attempts made.
+    pub attempts: u32,
+    /// Request body bytes.
+    pub bytes_in: u64,
+    /// Response body bytes.
+    pub bytes_out: u64,
+    /// `proxy` or `upstream`.
+    pub origin: &'static str,
+    /// Cause code for responses upkeep generated.
+    pub cause: Option<&'static str>,
+    /// Detail for the cause (the no_peers reason).
+    pub reason: Option<&'static str>,
+    /// The response body did not complete (client gone or upstream cut).
+    pub incomplete: bool,
+}
+
+/// Sends records to the writer task.
+#[derive(Clone)]
+pub struct AccessLogger {
+    tx: Option<mpsc::Sender<Record>>,
+}
+
+impl AccessLogger {
+    /// Starts the writer for `dest`.
+    pub fn start(dest: &AccessLog) -> std::io::Result<Self> {
+        let out: Box<dyn Write + Send> = match dest {
+            AccessLog::Off => return Ok(Self { tx: None }),
+            AccessLog::Stdout => Box::new(std::io::stdout()),
+            AccessLog::File(p) => Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?,
+            ),
+        };
+        let (tx, rx) = mpsc::channel(16 * 1024);
+        std::thread::Builder::new()
+            .name("upkeep-access-log".into())
+            .spawn(move || write_loop(rx, out))?;
+        Ok(Self { tx: Some(tx) })
+    }
+
+    /// A logger that drops everything.
+    pub fn off() -> Self {
+        Self { tx: None }
+    }
+
+    /// Queues a record; if the writer is far behind, the line is dropped rather than
+    /// slowing requests down.
+    pub fn log(&self, rec: Record) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.try_send(rec);
+        }
+    }
+}
+
+fn write_loop(mut rx: mpsc::Receiver<Record>, out: Box<dyn Write + Send>) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    while let Some(rec) = rx.blocking_recv() {
+        let mut next = Some(rec);
+        while let Some(r) = next.take() {
+            if serde_json::to_writer(&mut out, &r).is_ok() {
+                let _ = out.write_all(b"\n");
+            }
+            next = rx.try_recv().ok();
+        }
+        let _ = out.flush();
+    }
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_utc() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_millis(1_764_489_600_123)),
+            "2025-11-30T08:00:00.123Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+}

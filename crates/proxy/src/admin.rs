@@ -1,0 +1,198 @@
+//! The admin listener: probes that answer from memory (no I/O when asked, so a slow
+//! dependency cannot make a probe time out), metrics, the upstreams view, and reload.
+
+use std::convert::Infallible;
+use std::fmt::Write;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::state::Shared;
+
+/// One named check of a probe.
+struct Check {
+    name: String,
+    ok: bool,
+    note: String,
+}
+
+/// Serves the admin endpoints until the process exits.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    reload: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+) {
+    let tracker = TaskTracker::new();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (shared, reload) = (shared.clone(), reload.clone());
+        tracker.spawn(async move {
+            let svc = service_fn(move |req| {
+                let (shared, reload) = (shared.clone(), reload.clone());
+                async move { Ok::<_, Infallible>(route(req, &shared, &*reload)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn route(
+    req: Request<Incoming>,
+    shared: &Shared,
+    reload: &dyn Fn() -> Result<(), String>,
+) -> Response<Full<Bytes>> {
+    let verbose = req.uri().query().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "verbose" || p.starts_with("verbose="))
+    });
+    match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/livez") => probe(
+            "livez",
+            vec![Check {
+                name: "ping".into(),
+                ok: true,
+                note: String::new(),
+            }],
+            verbose,
+        ),
+        (&Method::GET | &Method::HEAD, "/readyz") => probe("readyz", readiness(shared), verbose),
+        (&Method::GET | &Method::HEAD, "/startupz") => probe("startupz", startup(shared), verbose),
+        (&Method::GET, "/metrics") => text(
+            StatusCode::OK,
+            shared.metrics.encode(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        (&Method::GET, "/upstreams") => {
+            let state = shared.state.load();
+            let groups: serde_json::Map<String, serde_json::Value> = state
+                .groups
+                .iter()
+                .map(|(n, g)| (n.clone(), g.view()))
+                .collect();
+            let body = serde_json::to_string_pretty(
+                &serde_json::json!({ "draining": shared.is_draining(), "groups": groups }),
+            )
+            .unwrap_or_default();
+            text(StatusCode::OK, body, "application/json")
+        }
+        (&Method::POST, "/reload") => match reload() {
+            Ok(()) => text(StatusCode::OK, "reloaded\n".into(), "text/plain"),
+            Err(e) => text(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("reload refused, old config kept:\n{e}\n"),
+                "text/plain",
+            ),
+        },
+        _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+    }
+}
+
+fn readiness(shared: &Shared) -> Vec<Check> {
+    let mut checks = vec![Check {
+        name: "draining".into(),
+        ok: !shared.is_draining(),
+        note: if shared.is_draining() {
+            "shutting down".into()
+        } else {
+            String::new()
+        },
+    }];
+    let state = shared.state.load();
+    let mut names: Vec<_> = state.groups.keys().collect();
+    names.sort();
+    for name in names {
+        let g = &state.groups[name];
+        let reason = g.unusable_reason();
+        let required = g.config().required;
+        checks.push(Check {
+            name: format!("group:{name}"),
+            // An optional group that is down is degraded: reported, never failing readiness.
+            ok: reason.is_none() || !required,
+            note: match (reason, required) {
+                (None, _) => String::new(),
+                (Some(r), true) => format!("no_peers ({})", r.as_str()),
+                (Some(r), false) => format!("degraded, optional: no_peers ({})", r.as_str()),
+            },
+        });
+    }
+    checks
+}
+
+fn startup(shared: &Shared) -> Vec<Check> {
+    let state = shared.state.load();
+    let settled = state.groups.values().all(|g| g.discovery_settled());
+    vec![
+        Check {
+            name: "config".into(),
+            ok: !state.groups.is_empty() || !state.config.routes.is_empty(),
+            note: String::new(),
+        },
+        Check {
+            name: "listeners".into(),
+            ok: shared.listeners_bound(),
+            note: String::new(),
+        },
+        Check {
+            name: "discovery".into(),
+            ok: settled,
+            note: if settled {
+                String::new()
+            } else {
+                "first lookups pending".into()
+            },
+        },
+    ]
+}
+
+/// kube-apiserver style: `ok` or, with `?verbose`, one `[+]name ok` / `[-]name failed` line a check.
+fn probe(name: &str, checks: Vec<Check>, verbose: bool) -> Response<Full<Bytes>> {
+    let ok = checks.iter().all(|c| c.ok);
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut body = String::new();
+    if verbose || !ok {
+        for c in &checks {
+            let _ = match (c.ok, c.note.is_empty()) {
+                (true, true) => writeln!(body, "[+]{} ok", c.name),
+                (true, false) => writeln!(body, "[+]{} ok: {}", c.name, c.note),
+                (false, _) => writeln!(body, "[-]{} failed: {}", c.name, c.note),
+            };
+        }
+        let _ = writeln!(
+            body,
+            "{name} check {}",
+            if ok { "passed" } else { "failed" }
+        );
+    } else {
+        body.push_str("ok\n");
+    }
+    text(status, body, "text/plain; charset=utf-8")
+}
+
+fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(ctype),
+    );
+    r.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    r
+}

@@ -1,0 +1,205 @@
+//! `upkeep serve`, `upkeep check`, `upkeep reload`.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::{self, Config};
+
+/// Arguments of `upkeep serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Config file (TOML). Without it, the quick-start flags below build the config.
+    #[arg(long, short = 'c', value_name = "FILE", conflicts_with_all = ["listen", "to", "dns_server"])]
+    pub config: Option<PathBuf>,
+    /// Quick start: address to listen on.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Quick start: upstream `http://HOST:PORT` (repeat for several peers of one group).
+    #[arg(long, value_name = "URL")]
+    pub to: Vec<String>,
+    /// Admin listener (probes, metrics, /upstreams, /reload).
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
+    /// Quick start: send DNS lookups to this server (UDP and TCP) instead of the system's.
+    #[arg(long, value_name = "IP:PORT")]
+    pub dns_server: Vec<SocketAddr>,
+    /// Access log: `-` (stdout), `off`, or a file path.
+    #[arg(long, value_name = "DEST")]
+    pub access_log: Option<String>,
+    /// Diagnostics level on stderr: error, warn, info, debug, trace.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Diagnostics format on stderr.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+/// Arguments of `upkeep check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Config file to validate.
+    pub file: PathBuf,
+    /// Print the effective config (every default filled in) when valid.
+    #[arg(long)]
+    pub print: bool,
+}
+
+/// Arguments of `upkeep reload`.
+#[derive(Debug, clap::Args)]
+pub struct ReloadArgs {
+    /// Admin address of the running upkeep.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+}
+
+fn init_tracing(level: &str, format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(format!(
+        "{level},hyper=warn,h2=warn,hickory_proto=warn,hickory_resolver=warn"
+    ))
+    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if format == "json" {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
+}
+
+/// Builds the quick-start config: one listener, one required group of `--to` peers, every
+/// other setting at its file default, except no drain delay (nothing sits in front to notice).
+pub fn quick_start(
+    listen: SocketAddr,
+    to: &[String],
+    admin: Option<SocketAddr>,
+    dns: &[SocketAddr],
+) -> Result<Config, String> {
+    if to.is_empty() {
+        return Err("give --config FILE, or --to http://HOST:PORT (with --listen ADDR)".into());
+    }
+    let mut endpoints = Vec::new();
+    for t in to {
+        let source = config::parse_endpoint(t).map_err(|e| format!("--to {e}"))?;
+        let ep = config::Endpoint { source, tier: 0 };
+        if !endpoints.contains(&ep) {
+            endpoints.push(ep);
+        }
+    }
+    let mut groups = std::collections::BTreeMap::new();
+    groups.insert(
+        "default".to_owned(),
+        config::GroupConfig::with_endpoints(endpoints),
+    );
+    let mut admin_cfg = config::AdminConfig::default();
+    if let Some(a) = admin {
+        admin_cfg.listen = a;
+    }
+    if admin_cfg.listen == listen {
+        return Err(format!(
+            "--admin {} is the same address as --listen",
+            admin_cfg.listen
+        ));
+    }
+    Ok(Config {
+        admin: admin_cfg,
+        dns: config::DnsConfig {
+            servers: dns.to_vec(),
+            ..Default::default()
+        },
+        lifecycle: config::Lifecycle {
+            drain_delay: Duration::ZERO,
+            ..Default::default()
+        },
+        listeners: vec![config::ListenerConfig::plain(listen)],
+        routes: vec![config::RouteConfig {
+            host: config::HostMatch::Any,
+            path: "/".into(),
+            group: "default".into(),
+        }],
+        groups,
+        access_log: config::AccessLog::Stdout,
+    })
+}
+
+/// Runs the proxy.
+pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_tracing(&args.log_level, &args.log_format);
+    let mut cfg = match &args.config {
+        Some(path) => match config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{e}");
+                return Ok(ExitCode::from(2));
+            }
+        },
+        None => {
+            let listen = args
+                .listen
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+            quick_start(listen, &args.to, args.admin, &args.dns_server)
+                .map_err(anyhow::Error::msg)?
+        }
+    };
+    if let (Some(a), Some(_)) = (args.admin, &args.config) {
+        cfg.admin.listen = a;
+    }
+    if let Some(dest) = &args.access_log {
+        cfg.access_log = match dest.as_str() {
+            "-" | "stdout" => config::AccessLog::Stdout,
+            "off" => config::AccessLog::Off,
+            p => config::AccessLog::File(PathBuf::from(p)),
+        };
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(crate::server::run(cfg, args.config.clone()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Validates a config file.
+pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    match config::load(&args.file) {
+        Ok(cfg) => {
+            if args.print {
+                println!("{}", serde_json::to_string_pretty(&cfg)?);
+            }
+            eprintln!("{}: ok", args.file.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("{}: {} problem(s)", args.file.display(), e.problems.len());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Asks a running upkeep to reload.
+pub fn reload(args: ReloadArgs) -> anyhow::Result<ExitCode> {
+    let mut s = std::net::TcpStream::connect_timeout(&args.admin, Duration::from_secs(3))
+        .with_context(|| format!("connecting to the admin listener at {}", args.admin))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "POST /reload HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        args.admin
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let ok = resp.starts_with("HTTP/1.1 200");
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    eprint!("{body}");
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,411 @@
+//! The validated, immutable config model. Every default lives here, with the reason for it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Downstream idle keep-alive timeout: longer than common load balancers' idle timeouts
+/// (AWS ALB 60 s, GCP 600 s), so the hop in front closes first and never races us.
+pub const DEFAULT_DOWNSTREAM_IDLE: Duration = Duration::from_secs(620);
+/// Time a client has to send a complete request head (slowloris bound).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client may leave a request body without sending bytes.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest request head accepted; larger gets 431.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Upstream pool idle timeout: shorter than Node's 5 s keep-alive, the most common backend default.
+pub const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(4);
+/// Safety margin under the server's `Keep-Alive: timeout=N` hint (undici's rule).
+pub const KEEPALIVE_HINT_MARGIN: Duration = Duration::from_secs(1);
+
+/// The whole config.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Config {
+    /// Admin listener (probes, metrics, upstreams view).
+    pub admin: AdminConfig,
+    /// Name resolution.
+    pub dns: DnsConfig,
+    /// Shutdown behaviour.
+    pub lifecycle: Lifecycle,
+    /// Downstream listeners.
+    pub listeners: Vec<ListenerConfig>,
+    /// Routes, in file order; matching picks the most specific.
+    pub routes: Vec<RouteConfig>,
+    /// Upstream groups by name.
+    pub groups: BTreeMap<String, GroupConfig>,
+    /// Where access-log lines go.
+    pub access_log: AccessLog,
+}
+
+/// Access-log destination.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLog {
+    /// JSON lines on stdout.
+    Stdout,
+    /// JSON lines appended to a file.
+    File(PathBuf),
+    /// No access log.
+    Off,
+}
+
+/// The admin listener.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AdminConfig {
+    /// Address to bind; loopback by default.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9901)),
+        }
+    }
+}
+
+/// Name resolution settings.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DnsConfig {
+    /// Name servers (UDP and TCP); empty means the system's.
+    pub servers: Vec<SocketAddr>,
+    /// Per-query timeout.
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self {
+            servers: Vec::new(),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Shutdown behaviour on SIGTERM.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Lifecycle {
+    /// Keep serving this long after readiness flips to 503, so the balancer in front notices.
+    #[serde(with = "secs")]
+    pub drain_delay: Duration,
+    /// Longest wait for in-flight requests once accepting stops.
+    #[serde(with = "secs")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self {
+            drain_delay: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How forwarding headers are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Forwarded {
+    /// `X-Forwarded-For`, `-Proto`, `-Host`, appended.
+    XForwarded,
+    /// RFC 7239 `Forwarded`, appended.
+    Forwarded,
+    /// Neither.
+    None,
+}
+
+/// A downstream listener.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ListenerConfig {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// TLS certificate and key (PEM); plain TCP when absent.
+    pub tls: Option<TlsConfig>,
+    /// Idle keep-alive timeout, announced as `Keep-Alive: timeout=N`.
+    #[serde(with = "secs")]
+    pub idle_timeout: Duration,
+    /// Time to receive a complete request head.
+    #[serde(with = "secs")]
+    pub header_read_timeout: Duration,
+    /// Longest silence inside a request body.
+    #[serde(with = "secs")]
+    pub body_timeout: Duration,
+    /// Largest request head.
+    pub max_header_bytes: usize,
+    /// Forwarding headers.
+    pub forwarded: Forwarded,
+}
+
+impl ListenerConfig {
+    /// A plain listener with every default.
+    pub fn plain(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            tls: None,
+            idle_timeout: DEFAULT_DOWNSTREAM_IDLE,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            forwarded: Forwarded::XForwarded,
+        }
+    }
+}
+
+/// PEM files for TLS.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TlsConfig {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+}
+
+/// Host match of a route.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostMatch {
+    /// Any host.
+    Any,
+    /// Exactly this host (lower case, no port).
+    Exact(String),
+    /// Any host ending in this suffix (`*.example.com` keeps `.example.com`).
+    Suffix(String),
+}
+
+/// A route: host + path prefix -> group.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RouteConfig {
+    /// Host match.
+    pub host: HostMatch,
+    /// Path prefix.
+    pub path: String,
+    /// Target group.
+    pub group: String,
+}
+
+/// Peer selection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Round robin over usable peers.
+    RoundRobin,
+    /// Power of two random choices by active requests.
+    P2c,
+}
+
+/// Where an endpoint's addresses come from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointSource {
+    /// A fixed address.
+    Static(SocketAddr),
+    /// A DNS name (A/AAAA) and port, re-resolved.
+    Name {
+        /// Host name.
+        host: String,
+        /// Port.
+        port: u16,
+    },
+}
+
+/// One endpoint line of a group.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Endpoint {
+    /// Address source.
+    pub source: EndpointSource,
+    /// Priority tier; tier N+1 is used only when tier N has no usable peer.
+    pub tier: u8,
+}
+
+/// An upstream group.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GroupConfig {
+    /// Required groups fail `/readyz` when unusable; optional ones show as degraded.
+    pub required: bool,
+    /// Peer selection.
+    pub balance: Balance,
+    /// Endpoints.
+    pub endpoints: Vec<Endpoint>,
+    /// TCP connect timeout per attempt.
+    #[serde(with = "secs")]
+    pub connect_timeout: Duration,
+    /// Per-try timeout, from sending to response headers.
+    #[serde(with = "secs")]
+    pub try_timeout: Duration,
+    /// Overall deadline for a request including retries, up to response headers.
+    #[serde(with = "secs")]
+    pub deadline: Duration,
+    /// An optional group degraded longer than this logs a warning and sets a gauge.
+    #[serde(with = "secs")]
+    pub degraded_alert_after: Duration,
+    /// Connection pool.
+    pub pool: PoolConfig,
+    /// DNS discovery policy.
+    pub discovery: DiscoveryConfig,
+    /// Passive and active health.
+    pub health: HealthConfig,
+    /// Retries.
+    pub retry: RetryConfig,
+}
+
+impl GroupConfig {
+    /// A required group over these endpoints with every default.
+    pub fn with_endpoints(endpoints: Vec<Endpoint>) -> Self {
+        Self {
+            required: true,
+            balance: Balance::RoundRobin,
+            endpoints,
+            connect_timeout: Duration::from_secs(1),
+            try_timeout: Duration::from_secs(30),
+            deadline: Duration::from_secs(60),
+            degraded_alert_after: Duration::from_secs(300),
+            pool: PoolConfig::default(),
+            discovery: DiscoveryConfig::default(),
+            health: HealthConfig::default(),
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+/// Upstream connection pool.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolConfig {
+    /// Idle timeout; lowered to the server's `Keep-Alive: timeout=N` minus 1 s.
+    #[serde(with = "secs")]
+    pub idle_timeout: Duration,
+    /// Most idle connections kept per peer.
+    pub max_idle_per_peer: usize,
+    /// A connection older than this is not reused.
+    #[serde(with = "secs")]
+    pub max_age: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            idle_timeout: DEFAULT_POOL_IDLE,
+            max_idle_per_peer: 64,
+            max_age: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How long NXDOMAIN/NODATA keep the last known good addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleGrace {
+    /// As long as those peers keep passing health.
+    WhileHealthy,
+    /// For a fixed time.
+    For(#[serde(with = "secs")] Duration),
+}
+
+/// DNS discovery policy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DiscoveryConfig {
+    /// Shortest re-resolve interval (a lower TTL is raised to this).
+    #[serde(with = "secs")]
+    pub min_refresh: Duration,
+    /// Longest re-resolve interval (a higher TTL is lowered to this).
+    #[serde(with = "secs")]
+    pub max_refresh: Duration,
+    /// Last-known-good retention on NXDOMAIN/NODATA.
+    pub stale_grace: StaleGrace,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            min_refresh: Duration::from_secs(1),
+            max_refresh: Duration::from_secs(300),
+            stale_grace: StaleGrace::WhileHealthy,
+        }
+    }
+}
+
+/// Passive (and optional active) health.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HealthConfig {
+    /// Consecutive failures that eject a peer.
+    pub consecutive_failures: u32,
+    /// First ejection time; doubles with each repeated ejection.
+    #[serde(with = "secs")]
+    pub base_ejection: Duration,
+    /// Ejection time cap.
+    #[serde(with = "secs")]
+    pub max_ejection: Duration,
+    /// A tier never ejects below this share of its peers (at least one): the panic threshold.
+    pub min_healthy_percent: u8,
+    /// Optional active checks.
+    pub active: Option<ActiveCheck>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 3,
+            base_ejection: Duration::from_secs(2),
+            max_ejection: Duration::from_secs(30),
+            min_healthy_percent: 50,
+            active: None,
+        }
+    }
+}
+
+/// Active HTTP health check.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ActiveCheck {
+    /// Path to GET.
+    pub path: String,
+    /// Time between checks.
+    #[serde(with = "secs")]
+    pub interval: Duration,
+    /// Check timeout.
+    #[serde(with = "secs")]
+    pub timeout: Duration,
+    /// Successes that bring a peer back.
+    pub rise: u32,
+    /// Failures that take a peer out.
+    pub fall: u32,
+}
+
+/// Retries.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RetryConfig {
+    /// Most attempts per request, the first included.
+    pub attempts: u32,
+    /// Retries in flight may be at most this share of active requests.
+    pub budget_percent: u8,
+    /// ... but this many are always allowed.
+    pub budget_min: u32,
+    /// When every peer refuses connections, keep retrying for this long (0 = off).
+    #[serde(with = "secs")]
+    pub connect_retry_window: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            budget_percent: 20,
+            budget_min: 3,
+            connect_retry_window: Duration::from_secs(3),
+        }
+    }
+}
+
+mod secs {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        if d.subsec_millis() == 0 {
+            s.serialize_str(&format!("{}s", d.as_secs()))
+        } else {
+            s.serialize_str(&format!("{}ms", d.as_millis()))
+        }
+    }
+}

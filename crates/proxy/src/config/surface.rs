@@ -1,0 +1,147 @@
+//! The TOML surface, as written by people; validated into the model.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+pub(crate) type S<T> = Spanned<T>;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct File {
+    pub admin: Option<Admin>,
+    pub dns: Option<Dns>,
+    pub lifecycle: Option<Lifecycle>,
+    #[serde(default)]
+    pub listener: Vec<Listener>,
+    #[serde(default)]
+    pub route: Vec<Route>,
+    #[serde(default)]
+    pub groups: BTreeMap<S<String>, Group>,
+    pub access_log: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Admin {
+    pub listen: S<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Dns {
+    #[serde(default)]
+    pub servers: Vec<S<String>>,
+    pub timeout: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Lifecycle {
+    pub drain_delay: Option<S<String>>,
+    pub shutdown_timeout: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Listener {
+    pub listen: S<String>,
+    pub tls: Option<Tls>,
+    pub idle_timeout: Option<S<String>>,
+    pub header_read_timeout: Option<S<String>>,
+    pub body_timeout: Option<S<String>>,
+    pub max_header_bytes: Option<S<i64>>,
+    pub forwarded: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Tls {
+    pub cert: S<String>,
+    pub key: S<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Route {
+    pub host: Option<S<String>>,
+    pub path: Option<S<String>>,
+    pub group: S<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Group {
+    pub required: Option<bool>,
+    pub balance: Option<S<String>>,
+    pub endpoints: S<Vec<S<Endpoint>>>,
+    pub connect_timeout: Option<S<String>>,
+    pub try_timeout: Option<S<String>>,
+    pub deadline: Option<S<String>>,
+    pub degraded_alert_after: Option<S<String>>,
+    pub pool: Option<Pool>,
+    pub discovery: Option<Discovery>,
+    pub health: Option<Health>,
+    pub retry: Option<Retry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Endpoint {
+    Plain(String),
+    Table(EndpointTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EndpointTable {
+    pub addr: String,
+    #[serde(default)]
+    pub tier: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Pool {
+    pub idle_timeout: Option<S<String>>,
+    pub max_idle_per_peer: Option<S<i64>>,
+    pub max_age: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Discovery {
+    pub min_refresh: Option<S<String>>,
+    pub max_refresh: Option<S<String>>,
+    pub stale_grace: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Health {
+    pub consecutive_failures: Option<S<i64>>,
+    pub base_ejection: Option<S<String>>,
+    pub max_ejection: Option<S<String>>,
+    pub min_healthy_percent: Option<S<i64>>,
+    pub active: Option<Active>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Active {
+    pub path: Option<S<String>>,
+    pub interval: Option<S<String>>,
+    pub timeout: Option<S<String>>,
+    pub rise: Option<S<i64>>,
+    pub fall: Option<S<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Retry {
+    pub attempts: Option<S<i64>>,
+    pub budget_percent: Option<S<i64>>,
+    pub budget_min: Option<S<i64>>,
+    pub connect_retry_window: Option<S<String>>,
+}

@@ -1,0 +1,209 @@
+//! The proxy's typed error: where a failure came from, whether a retry is safe, and whether it
+//! happened on a reused pooled connection. `rescue` is the one place that turns it into a response.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+/// A boxed error source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The cause code of a response upkeep generated itself; stable strings (logs, headers, metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cause {
+    /// No route matched host and path.
+    NoRoute,
+    /// The group had no usable peer.
+    NoPeers,
+    /// Every attempt failed to connect.
+    ConnectFailed,
+    /// The upstream reset or closed before a complete response head.
+    UpstreamReset,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// A retry was needed but the retry budget was spent.
+    RetryBudget,
+    /// upkeep refused work to protect itself.
+    Overloaded,
+    /// The downstream request was malformed (400).
+    BadRequest,
+}
+
+impl Cause {
+    /// The cause code as written in logs, headers and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::NoRoute => "no_route",
+            Cause::NoPeers => "no_peers",
+            Cause::ConnectFailed => "connect_failed",
+            Cause::UpstreamReset => "upstream_reset",
+            Cause::UpstreamTimeout => "upstream_timeout",
+            Cause::RetryBudget => "retry_budget",
+            Cause::Overloaded => "overloaded",
+            Cause::BadRequest => "bad_request",
+        }
+    }
+
+    /// The status a response with this cause gets.
+    pub fn status(self) -> http::StatusCode {
+        use http::StatusCode as S;
+        match self {
+            Cause::NoRoute => S::NOT_FOUND,
+            Cause::NoPeers | Cause::RetryBudget | Cause::Overloaded => S::SERVICE_UNAVAILABLE,
+            Cause::ConnectFailed | Cause::UpstreamReset => S::BAD_GATEWAY,
+            Cause::UpstreamTimeout => S::GATEWAY_TIMEOUT,
+            Cause::BadRequest => S::BAD_REQUEST,
+        }
+    }
+}
+
+/// Why a group had no usable peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoPeersReason {
+    /// No endpoint name has resolved yet.
+    NeverResolved,
+    /// Names resolved, but to no addresses (e.g. dropped after the stale grace ended).
+    EmptyGroup,
+    /// Every peer is ejected (the panic threshold keeps this from happening through ejection alone).
+    AllEjected,
+    /// Every usable peer was already tried by this request.
+    AllTried,
+}
+
+impl NoPeersReason {
+    /// The reason as written in logs and headers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoPeersReason::NeverResolved => "never_resolved",
+            NoPeersReason::EmptyGroup => "empty_group",
+            NoPeersReason::AllEjected => "all_ejected",
+            NoPeersReason::AllTried => "all_tried",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Kind {
+    NoRoute,
+    NoPeers(NoPeersReason),
+    Connect,
+    ConnectTimeout,
+    /// Reset, EOF or protocol error before a complete response head.
+    Reset,
+    /// The per-try timeout or overall deadline passed before response headers.
+    Timeout,
+    RetryBudget,
+    BadRequest,
+}
+
+/// A classified proxy failure.
+pub struct ProxyError {
+    kind: Kind,
+    peer: Option<SocketAddr>,
+    reused: bool,
+    written: bool,
+    source: Option<BoxError>,
+}
+
+impl ProxyError {
+    pub(crate) fn new(kind: Kind) -> Self {
+        Self {
+            kind,
+            peer: None,
+            reused: false,
+            written: false,
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    pub(crate) fn on_peer(mut self, peer: SocketAddr, reused: bool, written: bool) -> Self {
+        self.peer = Some(peer);
+        self.reused = reused;
+        self.written = written;
+        self
+    }
+
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    /// The cause code for this failure.
+    pub fn cause(&self) -> Cause {
+        match self.kind {
+            Kind::NoRoute => Cause::NoRoute,
+            Kind::NoPeers(_) => Cause::NoPeers,
+            Kind::Connect | Kind::ConnectTimeout => Cause::ConnectFailed,
+            Kind::Reset => Cause::UpstreamReset,
+            Kind::Timeout => Cause::UpstreamTimeout,
+            Kind::RetryBudget => Cause::RetryBudget,
+            Kind::BadRequest => Cause::BadRequest,
+        }
+    }
+
+    /// Extra detail for the cause (the no_peers reason).
+    pub fn detail(&self) -> Option<&'static str> {
+        match self.kind {
+            Kind::NoPeers(r) => Some(r.as_str()),
+            Kind::ConnectTimeout => Some("connect_timeout"),
+            _ => None,
+        }
+    }
+
+    /// The failure happened before the upstream could have seen any request byte.
+    pub fn is_connect(&self) -> bool {
+        matches!(self.kind, Kind::Connect | Kind::ConnectTimeout)
+    }
+
+    /// The failure happened on a connection taken from the pool.
+    pub fn is_reused(&self) -> bool {
+        self.reused
+    }
+
+    /// Some request bytes reached the socket before the failure.
+    pub fn is_written(&self) -> bool {
+        self.written
+    }
+
+    /// The peer the failure happened on, if any.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+}
+
+impl fmt::Debug for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyError")
+            .field("kind", &self.kind)
+            .field("peer", &self.peer)
+            .field("reused", &self.reused)
+            .field("written", &self.written)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.cause().as_str())?;
+        if let Some(d) = self.detail() {
+            write!(f, " ({d})")?;
+        }
+        if let Some(p) = self.peer {
+            write!(f, " peer {p}")?;
+        }
+        if let Some(s) = &self.source {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ProxyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as _)
+    }
+}

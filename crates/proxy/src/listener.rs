@@ -1,0 +1,430 @@
+//! Downstream listeners: accept, TLS, HTTP/1.1 (behind the strict framing check) or HTTP/2,
+//! idle and header-read timeouts, graceful shutdown.
+
+mod framing;
+mod tls;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+pub use framing::{Framer, Refused};
+pub use tls::acceptor as tls_acceptor;
+
+use crate::config::ListenerConfig;
+use crate::proxy::{handle, ConnCtx};
+use crate::state::Shared;
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Activity of one downstream connection, for its idle and header-read timeouts.
+pub struct ConnActivity {
+    epoch: Instant,
+    last_ms: AtomicU64,
+    head_since_ms: AtomicU64,
+    in_flight: AtomicUsize,
+    /// Wakes the connection's timer when a request head starts arriving.
+    head_started: tokio::sync::Notify,
+}
+
+impl ConnActivity {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            head_since_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            head_started: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn set_head_in_progress(&self, on: bool) {
+        let cur = self.head_since_ms.load(Ordering::Relaxed);
+        if on && cur == 0 {
+            self.head_since_ms
+                .store(self.now_ms() + 1, Ordering::Relaxed);
+            self.head_started.notify_one();
+        } else if !on && cur != 0 {
+            self.head_since_ms.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Marks a request in flight on its connection until dropped (with the response body).
+pub struct InFlight(Arc<ConnActivity>);
+
+impl InFlight {
+    /// Starts counting.
+    pub fn new(a: Arc<ConnActivity>) -> Self {
+        a.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(a)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The downstream stream as hyper's HTTP/1 server reads it: through the framing check.
+struct Guarded<IO> {
+    io: IO,
+    framer: Option<Framer>,
+    out: BytesMut,
+    scratch: Box<[u8]>,
+    activity: Arc<ConnActivity>,
+    refused: bool,
+}
+
+impl<IO> Guarded<IO> {
+    fn new(io: IO, framer: Option<Framer>, prefix: &[u8], activity: Arc<ConnActivity>) -> Self {
+        let mut g = Self {
+            io,
+            framer,
+            out: BytesMut::new(),
+            scratch: vec![0; 16 * 1024].into_boxed_slice(),
+            activity,
+            refused: false,
+        };
+        g.take_in(prefix.len(), Some(prefix));
+        g
+    }
+
+    fn take_in(&mut self, n: usize, from: Option<&[u8]>) {
+        let data = from.unwrap_or(&self.scratch[..n]);
+        match &mut self.framer {
+            None => self.out.extend_from_slice(data),
+            Some(f) => {
+                if let Err(Refused(why)) = f.feed(data, &mut self.out) {
+                    tracing::info!(reason = why, "refused a malformed request (400)");
+                    f.poison(&mut self.out);
+                    self.refused = true;
+                }
+                self.activity.set_head_in_progress(f.head_in_progress());
+            }
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if !this.out.is_empty() {
+                let n = this.out.len().min(buf.remaining());
+                buf.put_slice(&this.out[..n]);
+                this.out.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.refused {
+                return Poll::Ready(Ok(()));
+            }
+            let mut rb = ReadBuf::new(&mut this.scratch);
+            ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            if n == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            this.activity.touch();
+            this.take_in(n, None);
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.activity.touch();
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.activity.touch();
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Signals shared by the accept loops and connections.
+#[derive(Clone)]
+pub struct Signals {
+    /// Becomes true when listeners must stop accepting.
+    pub stop_accepting: watch::Receiver<bool>,
+    /// Becomes true when connections must close once idle.
+    pub close_idle: watch::Receiver<bool>,
+}
+
+/// Accepts connections until told to stop; connections are tracked by `tracker`.
+pub async fn accept_loop(
+    listener: TcpListener,
+    cfg: Arc<ListenerConfig>,
+    shared: Arc<Shared>,
+    signals: Signals,
+    tracker: TaskTracker,
+) {
+    let mut stop = signals.stop_accepting.clone();
+    let tls = match &cfg.tls {
+        Some(t) => match tls_acceptor(t) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::error!(listener = %cfg.listen, error = %e, "TLS setup failed; listener not started");
+                return;
+            }
+        },
+        None => None,
+    };
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, remote)) => {
+                    let (cfg, shared, signals, tls) = (cfg.clone(), shared.clone(), signals.clone(), tls.clone());
+                    tracker.spawn(async move {
+                        shared.metrics.downstream_open.inc();
+                        serve(stream, remote, cfg, shared.clone(), signals, tls).await;
+                        shared.metrics.downstream_open.dec();
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+        }
+    }
+    tracing::info!(listener = %cfg.listen, "stopped accepting");
+}
+
+async fn serve(
+    stream: TcpStream,
+    remote: SocketAddr,
+    cfg: Arc<ListenerConfig>,
+    shared: Arc<Shared>,
+    signals: Signals,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(ConnActivity::new());
+    let ctx = Arc::new(ConnCtx {
+        shared,
+        listener: cfg.clone(),
+        remote,
+        tls: tls.is_some(),
+        activity: activity.clone(),
+    });
+    match tls {
+        Some(acceptor) => {
+            let Ok(Ok(tls_stream)) =
+                tokio::time::timeout(cfg.header_read_timeout, acceptor.accept(stream)).await
+            else {
+                return;
+            };
+            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+            serve_proto(tls_stream, h2, &[], ctx, signals).await;
+        }
+        None => {
+            let mut stream = stream;
+            let mut prefix = Vec::with_capacity(H2_PREFACE.len());
+            // Enough bytes to tell an HTTP/2 preface from an HTTP/1 request line.
+            let sniff = async {
+                let mut buf = [0u8; 24];
+                while prefix.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&prefix) {
+                    let n = stream
+                        .read(&mut buf[..H2_PREFACE.len() - prefix.len()])
+                        .await?;
+                    if n == 0 {
+                        break;
+                    }
+                    prefix.extend_from_slice(&buf[..n]);
+                }
+                io::Result::Ok(())
+            };
+            match tokio::time::timeout(cfg.idle_timeout, sniff).await {
+                Ok(Ok(())) if !prefix.is_empty() => {}
+                _ => return,
+            }
+            activity.touch();
+            let h2 = prefix == H2_PREFACE;
+            serve_proto(stream, h2, &prefix, ctx, signals).await;
+        }
+    }
+}
+
+trait GracefulConn: Future<Output = Result<(), hyper::Error>> {
+    fn graceful(self: Pin<&mut Self>);
+}
+
+impl<I, S> GracefulConn for hyper::server::conn::http1::Connection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: http_body::Body + 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, E> GracefulConn for hyper::server::conn::http2::Connection<I, S, E>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: http_body::Body + 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn graceful(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+async fn serve_proto<IO>(io: IO, h2: bool, prefix: &[u8], ctx: Arc<ConnCtx>, signals: Signals)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = ctx.listener.clone();
+    let activity = ctx.activity.clone();
+    let framer = (!h2).then(|| Framer::new(cfg.max_header_bytes));
+    let io = Guarded::new(io, framer, prefix, activity.clone());
+    let svc = service_fn(move |req| handle(req, ctx.clone()));
+    if h2 {
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(60)))
+            .serve_connection(TokioIo::new(io), svc);
+        drive(conn, &activity, &cfg, signals).await;
+    } else {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(None)
+            .max_buf_size(cfg.max_header_bytes.max(8192) + 16 * 1024)
+            .max_header_size(cfg.max_header_bytes)
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(io), svc);
+        drive(conn, &activity, &cfg, signals).await;
+    }
+}
+
+/// Runs a connection with its timeouts: idle (no request in flight, nothing received) closes
+/// it gracefully; a request head not complete within the header read timeout drops it.
+async fn drive<C: GracefulConn>(
+    conn: C,
+    activity: &ConnActivity,
+    cfg: &ListenerConfig,
+    mut signals: Signals,
+) {
+    tokio::pin!(conn);
+    let mut closing = *signals.close_idle.borrow();
+    if closing {
+        conn.as_mut().graceful();
+    }
+    loop {
+        let wait = next_deadline(activity, cfg);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "downstream connection ended with an error");
+                }
+                return;
+            }
+            _ = activity.head_started.notified() => {}
+            _ = async { let _ = signals.close_idle.wait_for(|s| *s).await; }, if !closing => {
+                closing = true;
+                conn.as_mut().graceful();
+            }
+            _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))) => {
+                if wait.is_some() {
+                    match expired(activity, cfg) {
+                        Some(Expired::Idle) if !closing => {
+                            closing = true;
+                            conn.as_mut().graceful();
+                        }
+                        Some(Expired::HeadTimeout) => return,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Expired {
+    Idle,
+    HeadTimeout,
+}
+
+fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {
+    if a.in_flight.load(Ordering::Relaxed) > 0 {
+        return None;
+    }
+    let now = a.now_ms();
+    let head = a.head_since_ms.load(Ordering::Relaxed);
+    if head != 0 {
+        return (now + 1 >= head + cfg.header_read_timeout.as_millis() as u64)
+            .then_some(Expired::HeadTimeout);
+    }
+    (now >= a.last_ms.load(Ordering::Relaxed) + cfg.idle_timeout.as_millis() as u64)
+        .then_some(Expired::Idle)
+}
+
+fn next_deadline(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Duration> {
+    if a.in_flight.load(Ordering::Relaxed) > 0 {
+        // Re-check after a while; the request's own timeouts bound it meanwhile.
+        return Some(cfg.header_read_timeout.min(cfg.idle_timeout));
+    }
+    let now = a.now_ms();
+    let head = a.head_since_ms.load(Ordering::Relaxed);
+    let due = if head != 0 {
+        head - 1 + cfg.header_read_timeout.as_millis() as u64
+    } else {
+        a.last_ms.load(Ordering::Relaxed) + cfg.idle_timeout.as_millis() as u64
+    };
+    Some(Duration::from_millis(due.saturating_sub(now).max(10)))
+}

@@ -1,0 +1,365 @@
+//! A strict HTTP/1 framing check that sits under hyper on downstream connections.
+//!
+//! hyper accepts some ambiguous framings (it quietly drops `Content-Length` when
+//! `Transfer-Encoding` is present, and merges repeated equal `Content-Length`s). A proxy must
+//! refuse those, because the hop behind or in front may frame the same bytes differently
+//! (request smuggling). The check follows message boundaries (heads, fixed bodies, chunked
+//! bodies) and holds each head back until it is validated; a violation turns the stream into
+//! bytes hyper cannot parse, so hyper answers 400 and closes, and the request never exists.
+
+use bytes::BytesMut;
+
+/// Bytes handed to hyper in place of a refused message: not a valid request line, so hyper
+/// answers 400 and closes the connection.
+pub const POISON: &[u8] = b"\x01invalid\r\n\r\n";
+
+const MAX_CHUNK_LINE: usize = 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Why a message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub &'static str);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Head,
+    Body(u64),
+    ChunkLine,
+    ChunkData(u64),
+    ChunkCrlf(u8),
+    Trailer,
+    /// Not checked any more: an over-size head (hyper answers 431) or after a refusal.
+    Passthrough,
+}
+
+/// The framing state of one downstream HTTP/1 connection.
+#[derive(Debug)]
+pub struct Framer {
+    state: State,
+    pending: Vec<u8>,
+    trailer_bytes: usize,
+    max_head: usize,
+    /// Where, in the output of the current `feed`, the message being checked starts.
+    msg_start: Option<usize>,
+}
+
+impl Framer {
+    /// A checker for heads of at most `max_head` bytes.
+    pub fn new(max_head: usize) -> Self {
+        Self {
+            state: State::Head,
+            pending: Vec::new(),
+            trailer_bytes: 0,
+            max_head,
+            msg_start: None,
+        }
+    }
+
+    /// Part of a request head has arrived and is held back (for the header read timeout).
+    pub fn head_in_progress(&self) -> bool {
+        self.state == State::Head && !self.pending.is_empty()
+    }
+
+    /// Consumes `input`, appending what may go to hyper to `out`; bytes of an incomplete
+    /// head or chunk line are held back.
+    pub fn feed(&mut self, input: &[u8], out: &mut BytesMut) -> Result<(), Refused> {
+        self.msg_start = None;
+        self.feed_inner(input, out)
+    }
+
+    fn feed_inner(&mut self, mut input: &[u8], out: &mut BytesMut) -> Result<(), Refused> {
+        while !input.is_empty() {
+            match self.state {
+                State::Passthrough => {
+                    out.extend_from_slice(input);
+                    return Ok(());
+                }
+                State::Head => {
+                    self.pending.extend_from_slice(input);
+                    input = &[];
+                    match parse_head(&self.pending)? {
+                        HeadStatus::Partial => {
+                            if self.pending.len() > self.max_head {
+                                // hyper enforces the same limit and answers 431.
+                                out.extend_from_slice(&self.pending);
+                                self.pending.clear();
+                                self.state = State::Passthrough;
+                            }
+                            return Ok(());
+                        }
+                        HeadStatus::Complete(n, body) => {
+                            self.msg_start = Some(out.len());
+                            out.extend_from_slice(&self.pending[..n]);
+                            let rest = self.pending.split_off(n);
+                            self.pending.clear();
+                            self.state = match body {
+                                BodyKind::None => State::Head,
+                                BodyKind::Length(len) => State::Body(len),
+                                BodyKind::Chunked => State::ChunkLine,
+                            };
+                            if !rest.is_empty() {
+                                return self.feed_inner(&rest, out);
+                            }
+                        }
+                    }
+                }
+                State::Body(left) => {
+                    let n = (left.min(input.len() as u64)) as usize;
+                    out.extend_from_slice(&input[..n]);
+                    input = &input[n..];
+                    self.state = if left == n as u64 {
+                        State::Head
+                    } else {
+                        State::Body(left - n as u64)
+                    };
+                }
+                State::ChunkLine | State::Trailer => {
+                    let Some(nl) = input.iter().position(|&b| b == b'\n') else {
+                        self.pending.extend_from_slice(input);
+                        if self.pending.len() > MAX_CHUNK_LINE {
+                            return Err(Refused("chunk-size line too long"));
+                        }
+                        return Ok(());
+                    };
+                    self.pending.extend_from_slice(&input[..=nl]);
+                    input = &input[nl + 1..];
+                    let line = std::mem::take(&mut self.pending);
+                    if line.len() > MAX_CHUNK_LINE {
+                        return Err(Refused("chunk-size line too long"));
+                    }
+                    if !line.ends_with(b"\r\n") {
+                        return Err(Refused("chunked line not ended by CRLF"));
+                    }
+                    out.extend_from_slice(&line);
+                    if self.state == State::ChunkLine {
+                        let size = chunk_size(&line[..line.len() - 2])?;
+                        self.state = if size == 0 {
+                            self.trailer_bytes = 0;
+                            State::Trailer
+                        } else {
+                            State::ChunkData(size)
+                        };
+                    } else if line.len() == 2 {
+                        self.state = State::Head;
+                    } else {
+                        self.trailer_bytes += line.len();
+                        if self.trailer_bytes > MAX_TRAILERS || !line.contains(&b':') {
+                            return Err(Refused("malformed trailer section"));
+                        }
+                    }
+                }
+                State::ChunkData(left) => {
+                    let n = (left.min(input.len() as u64)) as usize;
+                    out.extend_from_slice(&input[..n]);
+                    input = &input[n..];
+                    self.state = if left == n as u64 {
+                        State::ChunkCrlf(0)
+                    } else {
+                        State::ChunkData(left - n as u64)
+                    };
+                }
+                State::ChunkCrlf(seen) => {
+                    let want = if seen == 0 { b'\r' } else { b'\n' };
+                    if input[0] != want {
+                        return Err(Refused("chunk data not followed by CRLF"));
+                    }
+                    out.extend_from_slice(&input[..1]);
+                    input = &input[1..];
+                    self.state = if seen == 0 {
+                        State::ChunkCrlf(1)
+                    } else {
+                        State::ChunkLine
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the stream as refused: nothing more is checked. A refused message whose head is
+    /// still in `out` (not yet handed to hyper) is removed whole, so it never exists upstream.
+    pub fn poison(&mut self, out: &mut BytesMut) {
+        if let Some(start) = self.msg_start.take() {
+            out.truncate(start);
+        }
+        self.pending.clear();
+        self.state = State::Passthrough;
+        out.extend_from_slice(POISON);
+    }
+}
+
+enum HeadStatus {
+    Partial,
+    Complete(usize, BodyKind),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum BodyKind {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    let n = match req.parse(buf) {
+        Ok(httparse::Status::Partial) => return Ok(HeadStatus::Partial),
+        Ok(httparse::Status::Complete(n)) => n,
+        Err(httparse::Error::TooManyHeaders) => return Err(Refused("too many header fields")),
+        Err(httparse::Error::HeaderName) => return Err(Refused("invalid header name")),
+        Err(httparse::Error::HeaderValue) => return Err(Refused("invalid header value")),
+        Err(httparse::Error::NewLine) => {
+            return Err(Refused("invalid line ending or obsolete line folding"))
+        }
+        Err(httparse::Error::Version) => return Err(Refused("unsupported HTTP version")),
+        Err(httparse::Error::Token) => return Err(Refused("invalid method or request line")),
+        Err(_) => return Err(Refused("malformed request head")),
+    };
+    let http10 = req.version == Some(0);
+    let (mut cl, mut te, mut hosts) = (Vec::new(), Vec::new(), 0);
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            cl.push(h.value);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            te.push(h.value);
+        } else if h.name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+        }
+    }
+    if hosts > 1 {
+        return Err(Refused("more than one Host header"));
+    }
+    if hosts == 0 && !http10 {
+        return Err(Refused("HTTP/1.1 request without Host"));
+    }
+    if !cl.is_empty() && !te.is_empty() {
+        return Err(Refused("both Content-Length and Transfer-Encoding"));
+    }
+    if cl.len() > 1 {
+        return Err(Refused("repeated Content-Length"));
+    }
+    if te.len() > 1 {
+        return Err(Refused("repeated Transfer-Encoding"));
+    }
+    if let Some(te) = te.first() {
+        if http10 {
+            return Err(Refused("Transfer-Encoding in an HTTP/1.0 request"));
+        }
+        let v = std::str::from_utf8(te).map_err(|_| Refused("invalid Transfer-Encoding"))?;
+        if !v.trim_matches([' ', '\t']).eq_ignore_ascii_case("chunked") {
+            return Err(Refused("Transfer-Encoding other than a single chunked"));
+        }
+        return Ok(HeadStatus::Complete(n, BodyKind::Chunked));
+    }
+    if let Some(v) = cl.first() {
+        let v = trim_ows(v);
+        if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+            return Err(Refused("invalid Content-Length"));
+        }
+        let len: u64 = std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(Refused("invalid Content-Length"))?;
+        return Ok(HeadStatus::Complete(
+            n,
+            if len == 0 {
+                BodyKind::None
+            } else {
+                BodyKind::Length(len)
+            },
+        ));
+    }
+    Ok(HeadStatus::Complete(n, BodyKind::None))
+}
+
+fn trim_ows(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .map_or(start, |e| e + 1);
+    &v[start..end]
+}
+
+fn chunk_size(line: &[u8]) -> Result<u64, Refused> {
+    let hex_end = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    if hex_end == 0 || hex_end > 15 {
+        return Err(Refused("invalid chunk size"));
+    }
+    let rest = &line[hex_end..];
+    if !rest.is_empty() && (rest[0] != b';' || rest.iter().any(|&b| b < 0x20 && b != b'\t')) {
+        return Err(Refused("invalid chunk size"));
+    }
+    let s = std::str::from_utf8(&line[..hex_end]).map_err(|_| Refused("invalid chunk size"))?;
+    u64::from_str_radix(s, 16).map_err(|_| Refused("invalid chunk size"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(input: &[&[u8]]) -> (Result<(), Refused>, Vec<u8>) {
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        for part in input {
+            if let Err(e) = f.feed(part, &mut out) {
+                return (Err(e), out.to_vec());
+            }
+        }
+        (Ok(()), out.to_vec())
+    }
+
+    #[test]
+    fn pipelined_requests_with_bodies_pass_whole() {
+        let s: &[u8] = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n0\r\nT: 1\r\n\r\nGET /y HTTP/1.1\r\nHost: a\r\n\r\n";
+        let (r, out) = run(&[s]);
+        assert_eq!(r, Ok(()));
+        assert_eq!(out, s);
+        // Byte by byte gives the same result.
+        let parts: Vec<&[u8]> = s.chunks(1).collect();
+        let (r, out) = run(&parts);
+        assert_eq!(r, Ok(()));
+        assert_eq!(out, s);
+    }
+
+    #[test]
+    fn incomplete_head_is_held_back() {
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        f.feed(b"GET / HTTP/1.1\r\nHost: a\r\n", &mut out).unwrap();
+        assert!(out.is_empty());
+        assert!(f.head_in_progress());
+        f.feed(b"\r\n", &mut out).unwrap();
+        assert_eq!(&out[..], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(!f.head_in_progress());
+    }
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        let cases: &[&[u8]] = &[
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+        ];
+        for c in cases {
+            assert!(
+                run(&[c]).0.is_err(),
+                "accepted {:?}",
+                String::from_utf8_lossy(c)
+            );
+        }
+    }
+}

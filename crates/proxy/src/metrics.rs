@@ -1,0 +1,213 @@
+//! Prometheus metrics, named `upkeep_<subsystem>_<noun>_<unit|total>` with enum-valued labels.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of `upkeep_responses_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    /// `proxy` (made by upkeep) or `upstream` (passed through).
+    pub origin: &'static str,
+    /// `2xx` .. `5xx`.
+    pub class: &'static str,
+    /// Cause code for proxy responses, empty for upstream ones.
+    pub cause: &'static str,
+}
+
+/// A single enum-valued label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    /// The event.
+    pub event: &'static str,
+}
+
+/// Outcome label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome.
+    pub outcome: &'static str,
+}
+
+/// Reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// Group label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabel {
+    /// The group name.
+    pub group: String,
+}
+
+/// Every metric upkeep exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests received downstream.
+    pub requests: Counter,
+    /// Responses sent downstream.
+    pub responses: Family<ResponseLabels, Counter>,
+    /// Time to response headers.
+    pub latency: Histogram,
+    /// Open downstream connections.
+    pub downstream_open: Gauge,
+    /// Upstream connection events: new, reused, stale_discarded, expired.
+    pub pool_events: Family<EventLabel, Counter>,
+    /// Idle pooled upstream connections.
+    pub pool_idle: Gauge,
+    /// Requests replayed on a fresh connection after a reused one turned out closed.
+    pub pool_stale_replays: Counter,
+    /// DNS lookups by outcome.
+    pub dns_lookups: Family<OutcomeLabel, Counter>,
+    /// Peer address-set changes made by discovery.
+    pub dns_changes: Counter,
+    /// Peer ejections by passive health.
+    pub peer_ejections: Counter,
+    /// Retries by reason.
+    pub retries: Family<ReasonLabel, Counter>,
+    /// Retries refused by the budget.
+    pub retry_budget_exhausted: Counter,
+    /// 1 while a group's tier routes in panic mode.
+    pub panic_mode: Family<GroupLabel, Gauge>,
+    /// 1 while an optional group has no usable peer.
+    pub degraded: Family<GroupLabel, Gauge>,
+    /// 1 once an optional group has been degraded longer than `degraded_alert_after`.
+    pub degraded_alert: Family<GroupLabel, Gauge>,
+    /// 1 while the process drains.
+    pub draining: Gauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Arc<Self> {
+        let mut r = Registry::with_prefix("upkeep");
+        let m = Metrics {
+            requests: Counter::default(),
+            responses: Family::default(),
+            latency: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
+            downstream_open: Gauge::default(),
+            pool_events: Family::default(),
+            pool_idle: Gauge::default(),
+            pool_stale_replays: Counter::default(),
+            dns_lookups: Family::default(),
+            dns_changes: Counter::default(),
+            peer_ejections: Counter::default(),
+            retries: Family::default(),
+            retry_budget_exhausted: Counter::default(),
+            panic_mode: Family::default(),
+            degraded: Family::default(),
+            degraded_alert: Family::default(),
+            draining: Gauge::default(),
+            registry: Registry::default(),
+        };
+        r.register(
+            "requests",
+            "Requests received downstream",
+            m.requests.clone(),
+        );
+        r.register(
+            "responses",
+            "Responses sent downstream by origin, class and cause",
+            m.responses.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from request to response headers",
+            m.latency.clone(),
+        );
+        r.register(
+            "downstream_connections_open",
+            "Open downstream connections",
+            m.downstream_open.clone(),
+        );
+        r.register(
+            "pool_connections",
+            "Upstream connection events (new, reused, stale_discarded, expired)",
+            m.pool_events.clone(),
+        );
+        r.register(
+            "pool_idle_connections",
+            "Idle pooled upstream connections",
+            m.pool_idle.clone(),
+        );
+        r.register(
+            "pool_stale_replays",
+            "Requests replayed on a fresh connection after a reused one was found closed",
+            m.pool_stale_replays.clone(),
+        );
+        r.register(
+            "dns_lookups",
+            "DNS lookups by outcome",
+            m.dns_lookups.clone(),
+        );
+        r.register(
+            "dns_peer_set_changes",
+            "Changes of a name's address set",
+            m.dns_changes.clone(),
+        );
+        r.register(
+            "peer_ejections",
+            "Peers ejected by passive health",
+            m.peer_ejections.clone(),
+        );
+        r.register("retries", "Retries by reason", m.retries.clone());
+        r.register(
+            "retry_budget_exhausted",
+            "Retries refused by the retry budget",
+            m.retry_budget_exhausted.clone(),
+        );
+        r.register(
+            "group_panic_mode",
+            "1 while a group routes to all peers of a tier (panic threshold)",
+            m.panic_mode.clone(),
+        );
+        r.register(
+            "group_degraded",
+            "1 while an optional group has no usable peer",
+            m.degraded.clone(),
+        );
+        r.register(
+            "group_degraded_alert",
+            "1 once an optional group has been degraded longer than degraded_alert_after",
+            m.degraded_alert.clone(),
+        );
+        r.register(
+            "draining",
+            "1 while the process drains after SIGTERM",
+            m.draining.clone(),
+        );
+        Arc::new(Metrics { registry: r, ..m })
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
+        out
+    }
+
+    /// Counts a pool event.
+    pub fn pool_event(&self, event: &'static str) {
+        self.pool_events.get_or_create(&EventLabel { event }).inc();
+    }
+}
+
+/// `2xx`..`5xx` for a status.
+pub fn class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}

@@ -1,0 +1,351 @@
+//! The upstream connection pool. Every pooled connection knows its idle deadline (the
+//! configured idle timeout, lowered under the server's `Keep-Alive: timeout=N` hint) and whether
+//! it is being reused, and is tested before reuse, so upkeep closes first and never races a FIN.
+
+mod io;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::body::ReqBody;
+use crate::config::{PoolConfig, KEEPALIVE_HINT_MARGIN};
+use crate::metrics::Metrics;
+
+pub use io::Counters;
+use io::{idle_socket_is_clean, SharedIo};
+
+/// Why a connect attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The peer did not complete the TCP handshake in time.
+    #[error("connect timed out after {0:?}")]
+    Timeout(Duration),
+    /// The peer refused or the network failed.
+    #[error("connect failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The HTTP/1.1 handshake failed.
+    #[error("handshake failed: {0}")]
+    Handshake(#[from] hyper::Error),
+}
+
+/// One upstream HTTP/1.1 connection.
+pub struct Conn {
+    pub(crate) sender: http1::SendRequest<ReqBody>,
+    stream: Arc<TcpStream>,
+    counters: Arc<Counters>,
+    peer: SocketAddr,
+    created: Instant,
+    reused: bool,
+}
+
+impl Conn {
+    /// The peer address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Taken from the pool rather than freshly connected.
+    pub fn is_reused(&self) -> bool {
+        self.reused
+    }
+
+    /// Request bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.counters.written.load(Ordering::Relaxed)
+    }
+
+    /// Response bytes read so far.
+    pub fn read(&self) -> u64 {
+        self.counters.read.load(Ordering::Relaxed)
+    }
+
+    /// The byte counters, shared with the connection.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+}
+
+struct Idle {
+    conn: Conn,
+    deadline: Instant,
+}
+
+/// Pooled connections per peer address.
+pub struct Pool {
+    cfg: PoolConfig,
+    idle: Mutex<HashMap<SocketAddr, Vec<Idle>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Pool {
+    /// A pool with a background sweeper that closes expired idle connections.
+    pub fn new(cfg: PoolConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            cfg,
+            idle: Mutex::new(HashMap::new()),
+            metrics,
+        });
+        let weak = Arc::downgrade(&pool);
+        tokio::spawn(sweep(weak));
+        pool
+    }
+
+    /// The pool's settings.
+    pub fn config(&self) -> &PoolConfig {
+        &self.cfg
+    }
+
+    /// Idle connections per peer.
+    pub fn idle_count(&self, peer: SocketAddr) -> usize {
+        self.idle.lock().unwrap().get(&peer).map_or(0, Vec::len)
+    }
+
+    /// A live idle connection to `peer`, most recently used first; closed, expired and
+    /// dirty ones are discarded on the way.
+    pub fn checkout(&self, peer: SocketAddr) -> Option<Conn> {
+        let now = Instant::now();
+        let mut discarded = Vec::new();
+        let found = {
+            let mut idle = self.idle.lock().unwrap();
+            let list = idle.get_mut(&peer)?;
+            let mut found = None;
+            while let Some(entry) = list.pop() {
+                self.metrics.pool_idle.dec();
+                if now >= entry.deadline
+                    || now.duration_since(entry.conn.created) >= self.cfg.max_age
+                {
+                    self.metrics.pool_event("expired");
+                    discarded.push(entry);
+                } else if entry.conn.sender.is_closed()
+                    || !entry.conn.sender.is_ready()
+                    || !idle_socket_is_clean(&entry.conn.stream)
+                {
+                    self.metrics.pool_event("stale_discarded");
+                    discarded.push(entry);
+                } else {
+                    found = Some(entry.conn);
+                    break;
+                }
+            }
+            found
+        };
+        drop(discarded);
+        let mut conn = found?;
+        conn.reused = true;
+        self.metrics.pool_event("reused");
+        Some(conn)
+    }
+
+    /// Opens a new connection to `peer`.
+    pub async fn connect(&self, peer: SocketAddr, timeout: Duration) -> Result<Conn, ConnectError> {
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(peer)).await {
+            Err(_) => return Err(ConnectError::Timeout(timeout)),
+            Ok(r) => r?,
+        };
+        stream.set_nodelay(true)?;
+        let (io, stream, counters) = SharedIo::new(stream);
+        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(peer.addr = %peer, error = %e, "upstream connection ended with an error");
+            }
+        });
+        self.metrics.pool_event("new");
+        Ok(Conn {
+            sender,
+            stream,
+            counters,
+            peer,
+            created: Instant::now(),
+            reused: false,
+        })
+    }
+
+    /// The idle timeout for a connection whose last response carried `hint`
+    /// (`Keep-Alive: timeout=N`): min(configured, N - 1 s); zero means do not reuse.
+    pub fn idle_timeout_for(&self, hint: Option<Duration>) -> Duration {
+        match hint {
+            Some(h) => self
+                .cfg
+                .idle_timeout
+                .min(h.saturating_sub(KEEPALIVE_HINT_MARGIN)),
+            None => self.cfg.idle_timeout,
+        }
+    }
+
+    fn put(&self, conn: Conn, idle_timeout: Duration) {
+        let now = Instant::now();
+        if idle_timeout.is_zero()
+            || self.cfg.max_idle_per_peer == 0
+            || now.duration_since(conn.created) >= self.cfg.max_age
+            || conn.sender.is_closed()
+        {
+            return;
+        }
+        let mut evicted = None;
+        {
+            let mut idle = self.idle.lock().unwrap();
+            let list = idle.entry(conn.peer).or_default();
+            if list.len() >= self.cfg.max_idle_per_peer {
+                evicted = Some(list.remove(0));
+                self.metrics.pool_idle.dec();
+            }
+            list.push(Idle {
+                conn,
+                deadline: now + idle_timeout,
+            });
+            self.metrics.pool_idle.inc();
+        }
+        drop(evicted);
+    }
+
+    fn sweep_once(&self) {
+        let now = Instant::now();
+        let mut discarded = Vec::new();
+        {
+            let mut idle = self.idle.lock().unwrap();
+            for list in idle.values_mut() {
+                let before = list.len();
+                let mut i = 0;
+                while i < list.len() {
+                    let e = &list[i];
+                    if now >= e.deadline || e.conn.sender.is_closed() {
+                        discarded.push(list.remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
+                self.metrics.pool_idle.dec_by((before - list.len()) as i64);
+            }
+            idle.retain(|_, l| !l.is_empty());
+        }
+        for _ in &discarded {
+            self.metrics.pool_event("expired");
+        }
+    }
+
+    /// Drops every idle connection (on shutdown or when the group goes away).
+    pub fn clear(&self) {
+        let drained: Vec<_> = self.idle.lock().unwrap().drain().collect();
+        let n: usize = drained.iter().map(|(_, l)| l.len()).sum();
+        self.metrics.pool_idle.dec_by(n as i64);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+async fn sweep(pool: Weak<Pool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match pool.upgrade() {
+            Some(p) => p.sweep_once(),
+            None => return,
+        }
+    }
+}
+
+/// Returns a connection to the pool once its response body has been read to the end.
+pub struct Checkin {
+    pool: Arc<Pool>,
+    conn: Conn,
+    idle_timeout: Duration,
+}
+
+impl Checkin {
+    /// A ticket to return `conn` with this idle timeout; `None` when it must not be reused.
+    pub fn new(pool: Arc<Pool>, conn: Conn, idle_timeout: Duration) -> Option<Self> {
+        (!idle_timeout.is_zero()).then_some(Self {
+            pool,
+            conn,
+            idle_timeout,
+        })
+    }
+
+    /// The body ended: back to the pool once hyper is ready for the next request.
+    pub fn finish(mut self, cx: &mut Context<'_>) {
+        match self.conn.sender.poll_ready(cx) {
+            Poll::Ready(Ok(())) => self.pool.put(self.conn, self.idle_timeout),
+            Poll::Ready(Err(_)) => {}
+            Poll::Pending => self.finish_later(),
+        }
+    }
+
+    /// Like `finish`, without a task context.
+    pub fn finish_later(mut self) {
+        tokio::spawn(async move {
+            if let Ok(Ok(())) =
+                tokio::time::timeout(Duration::from_secs(1), self.conn.sender.ready()).await
+            {
+                self.pool.put(self.conn, self.idle_timeout);
+            }
+        });
+    }
+}
+
+/// Reads `Keep-Alive: timeout=N` from response headers.
+pub fn keepalive_hint(headers: &http::HeaderMap) -> Option<Duration> {
+    let v = headers.get("keep-alive")?.to_str().ok()?;
+    v.split(',').find_map(|part| {
+        let (k, v) = part.split_once('=')?;
+        if k.trim().eq_ignore_ascii_case("timeout") {
+            v.trim()
+                .trim_matches('"')
+                .parse::<u64>()
+                .ok()
+                .map(Duration::from_secs)
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalive_hint_is_parsed() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(keepalive_hint(&h), None);
+        h.insert("keep-alive", "timeout=5, max=100".parse().unwrap());
+        assert_eq!(keepalive_hint(&h), Some(Duration::from_secs(5)));
+        h.insert("keep-alive", "max=100,Timeout=\"2\"".parse().unwrap());
+        assert_eq!(keepalive_hint(&h), Some(Duration::from_secs(2)));
+    }
+
+    #[tokio::test]
+    async fn idle_timeout_is_lowered_under_the_keepalive_hint() {
+        let pool = Pool::new(PoolConfig::default(), Metrics::new());
+        assert_eq!(pool.idle_timeout_for(None), Duration::from_secs(4));
+        // Node announces 5 s: keep at most 4 s.
+        assert_eq!(
+            pool.idle_timeout_for(Some(Duration::from_secs(5))),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            pool.idle_timeout_for(Some(Duration::from_secs(3))),
+            Duration::from_secs(2)
+        );
+        // timeout=1 or less: do not reuse at all.
+        assert_eq!(
+            pool.idle_timeout_for(Some(Duration::from_secs(1))),
+            Duration::ZERO
+        );
+        assert_eq!(pool.idle_timeout_for(Some(Duration::ZERO)), Duration::ZERO);
+    }
+}

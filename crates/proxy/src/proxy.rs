@@ -1,0 +1,486 @@
+//! The request path: route -> group -> peer -> pooled connection -> streamed response, with
+//! retries to other peers, stale-connection replays, and the retry budget.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::access_log::{rfc3339, Record};
+use crate::body::{OnDone, ReqBody, RespBody};
+use crate::config::ListenerConfig;
+use crate::error::{Kind, ProxyError};
+use crate::headers::{add_forwarded, strip_hop_by_hop};
+use crate::listener::{ConnActivity, InFlight};
+use crate::metrics::{class, ReasonLabel, ResponseLabels};
+use crate::pool::{keepalive_hint, Checkin, ConnectError};
+use crate::rescue;
+use crate::state::{Shared, State};
+use crate::upstream::{Group, Peer};
+
+/// What a request handler knows about its downstream connection.
+pub struct ConnCtx {
+    /// Process-wide state.
+    pub shared: Arc<Shared>,
+    /// The listener's settings.
+    pub listener: Arc<ListenerConfig>,
+    /// Client address.
+    pub remote: SocketAddr,
+    /// Arrived over TLS.
+    pub tls: bool,
+    /// Idle and in-flight tracking of the connection.
+    pub activity: Arc<ConnActivity>,
+}
+
+/// Handles one downstream request; never fails (failures become responses in `rescue`).
+pub async fn handle(
+    req: Request<Incoming>,
+    ctx: Arc<ConnCtx>,
+) -> Result<Response<RespBody>, Infallible> {
+    let start = Instant::now();
+    let wall = SystemTime::now();
+    let shared = ctx.shared.clone();
+    shared.metrics.requests.inc();
+    let in_flight = InFlight::new(ctx.activity.clone());
+    let state = shared.state.load_full();
+    let version = req.version();
+    let method = req.method().clone();
+    let host = request_host(&req).map(str::to_owned);
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let bytes_in = Arc::new(AtomicU64::new(0));
+    let mut info = AttemptInfo::default();
+
+    let result = forward(req, &ctx, &state, host.as_deref(), &bytes_in, &mut info).await;
+    let (mut resp, cause, reason) = match result {
+        Ok(r) => (r, None, None),
+        Err(e) => {
+            if e.cause().status().is_server_error() {
+                tracing::warn!(cause = e.cause().as_str(), error = %e, path = %path, "request failed");
+            }
+            (rescue::response(&e), Some(e.cause().as_str()), e.detail())
+        }
+    };
+    let origin = if cause.is_some() { "proxy" } else { "upstream" };
+    if version == Version::HTTP_11 || version == Version::HTTP_10 {
+        let h = resp.headers_mut();
+        if shared.is_draining() {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        } else if let Ok(v) =
+            HeaderValue::from_str(&format!("timeout={}", ctx.listener.idle_timeout.as_secs()))
+        {
+            h.insert("keep-alive", v);
+        }
+    }
+    let status = resp.status();
+    shared
+        .metrics
+        .latency
+        .observe(start.elapsed().as_secs_f64());
+    shared
+        .metrics
+        .responses
+        .get_or_create(&ResponseLabels {
+            origin,
+            class: class(status),
+            cause: cause.unwrap_or(""),
+        })
+        .inc();
+    let done = Done {
+        shared,
+        start,
+        record: Record {
+            time: rfc3339(wall),
+            method: method.to_string(),
+            host: host.unwrap_or_default(),
+            path,
+            proto: proto_name(version),
+            status: status.as_u16(),
+            duration_ms: 0.0,
+            peer: info.peer,
+            attempts: info.attempts,
+            bytes_in: 0,
+            bytes_out: 0,
+            origin,
+            cause,
+            reason,
+            incomplete: false,
+        },
+        bytes_in,
+        _in_flight: in_flight,
+    };
+    resp.body_mut().on_done(Box::new(done));
+    Ok(resp)
+}
+
+struct Done {
+    shared: Arc<Shared>,
+    start: Instant,
+    record: Record,
+    bytes_in: Arc<AtomicU64>,
+    _in_flight: InFlight,
+}
+
+impl OnDone for Done {
+    fn done(self: Box<Self>, bytes: u64, complete: bool) {
+        let Done {
+            shared,
+            start,
+            mut record,
+            bytes_in,
+            ..
+        } = *self;
+        record.duration_ms = (start.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        record.bytes_out = bytes;
+        record.bytes_in = bytes_in.load(Ordering::Relaxed);
+        record.incomplete = !complete;
+        shared.access_log.log(record);
+    }
+}
+
+fn proto_name(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2",
+        _ => "HTTP/?",
+    }
+}
+
+fn request_host<B>(req: &Request<B>) -> Option<&str> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+}
+
+#[derive(Default)]
+struct AttemptInfo {
+    peer: Option<SocketAddr>,
+    attempts: u32,
+}
+
+/// The request to send upstream, rebuildable for retries while its body is not consumed.
+struct Outgoing {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    /// `None` once a streamed body has gone to an attempt that kept it.
+    body: Option<ReqBody>,
+    bodyless: bool,
+}
+
+impl Outgoing {
+    fn build(&mut self) -> Option<Request<ReqBody>> {
+        let body = if self.bodyless {
+            ReqBody::Empty
+        } else {
+            self.body.take()?
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = self.headers.clone();
+        Some(req)
+    }
+
+    fn restore(&mut self, req: Request<ReqBody>) {
+        if !self.bodyless {
+            self.body = Some(req.into_body());
+        }
+    }
+
+    fn replayable(&self) -> bool {
+        self.bodyless || self.body.is_some()
+    }
+}
+
+async fn forward(
+    req: Request<Incoming>,
+    ctx: &ConnCtx,
+    state: &State,
+    host: Option<&str>,
+    bytes_in: &Arc<AtomicU64>,
+    info: &mut AttemptInfo,
+) -> Result<Response<RespBody>, ProxyError> {
+    if req.method() == Method::CONNECT {
+        return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
+    }
+    let group_name = state
+        .routes
+        .find(host, req.uri().path())
+        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
+    let group = state
+        .groups
+        .get(group_name)
+        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?
+        .clone();
+
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    if !headers.contains_key(header::HOST) {
+        if let Some(h) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+            headers.insert(header::HOST, h);
+        }
+    }
+    add_forwarded(
+        &mut headers,
+        ctx.listener.forwarded,
+        ctx.remote,
+        if ctx.tls { "https" } else { "http" },
+        host,
+    );
+    let uri = parts
+        .uri
+        .path_and_query()
+        .map(|pq| Uri::from(pq.clone()))
+        .unwrap_or_else(|| Uri::from_static("/"));
+
+    // Read the first body frame before choosing a peer, so a malformed body start is refused
+    // with 400 before any upstream sees the request.
+    let body = if body.is_end_stream() {
+        None
+    } else {
+        let mut body = body;
+        match tokio::time::timeout(ctx.listener.body_timeout, body.frame()).await {
+            Err(_) => {
+                return Err(ProxyError::new(Kind::BadRequest).with_source("request body timed out"))
+            }
+            Ok(Some(Err(e))) => return Err(ProxyError::new(Kind::BadRequest).with_source(e)),
+            Ok(None) => None,
+            Ok(Some(Ok(first))) => Some(ReqBody::Stream {
+                first: Some(first),
+                rest: body,
+                seen: bytes_in.clone(),
+            }),
+        }
+    };
+    let bodyless = body.is_none();
+    let mut out = Outgoing {
+        method: parts.method.clone(),
+        uri,
+        headers,
+        body,
+        bodyless,
+    };
+    let idempotent = matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    );
+    send_with_retries(&group, &mut out, idempotent, info).await
+}
+
+async fn send_with_retries(
+    group: &Arc<Group>,
+    out: &mut Outgoing,
+    idempotent: bool,
+    info: &mut AttemptInfo,
+) -> Result<Response<RespBody>, ProxyError> {
+    let cfg = group.config();
+    let started = Instant::now();
+    let deadline = started + cfg.deadline;
+    let window_end = started + cfg.retry.connect_retry_window;
+    let metrics = group.metrics();
+    let mut budget = group.start_request();
+    let mut tried: Vec<SocketAddr> = Vec::new();
+    let mut last: Option<ProxyError> = None;
+    loop {
+        let peer = match group.pick(&tried) {
+            Ok(p) => p,
+            Err(reason) => {
+                // Every peer refused a connection: inside the connect retry window, wait a
+                // jittered 50-100 ms and go round again, so a short blip costs latency, not errors.
+                let only_connects = last.as_ref().is_some_and(ProxyError::is_connect);
+                if only_connects
+                    && Instant::now() + Duration::from_millis(100) < window_end.min(deadline)
+                {
+                    if !budget.try_retry() {
+                        return Err(ProxyError::new(Kind::RetryBudget));
+                    }
+                    metrics
+                        .retries
+                        .get_or_create(&ReasonLabel {
+                            reason: "connect_window",
+                        })
+                        .inc();
+                    tokio::time::sleep(crate::upstream::group::jitter(
+                        Duration::from_millis(50),
+                        Duration::from_millis(100),
+                    ))
+                    .await;
+                    tried.clear();
+                    continue;
+                }
+                return Err(last.unwrap_or_else(|| ProxyError::new(Kind::NoPeers(reason))));
+            }
+        };
+        info.attempts += 1;
+        info.peer = Some(peer.addr());
+        match attempt(group, &peer, out, deadline).await {
+            Ok(resp) => {
+                group.record_success(&peer);
+                return Ok(resp);
+            }
+            Err(err) => {
+                let weight = match err.kind() {
+                    // A peer that does not even complete a handshake in time is taken out at once,
+                    // so later requests do not pay the same timeout.
+                    Kind::ConnectTimeout => cfg.health.consecutive_failures,
+                    _ => 1,
+                };
+                if matches!(err.kind(), Kind::BadRequest) {
+                    return Err(err);
+                }
+                group.record_failure(&peer, weight);
+                tried.push(peer.addr());
+                let safe = err.is_connect()
+                    || !err.is_written()
+                    || (idempotent && matches!(err.kind(), Kind::Reset));
+                let attempts_left = info.attempts < cfg.retry.attempts || err.is_connect();
+                if !safe || !out.replayable() || !attempts_left || Instant::now() >= deadline {
+                    return Err(err);
+                }
+                if !budget.try_retry() {
+                    return Err(ProxyError::new(Kind::RetryBudget).with_source(err));
+                }
+                let reason = if err.is_connect() {
+                    "connect_failed"
+                } else {
+                    "upstream_reset"
+                };
+                metrics.retries.get_or_create(&ReasonLabel { reason }).inc();
+                last = Some(err);
+            }
+        }
+    }
+}
+
+/// One attempt on one peer. A reused connection that turns out closed before any response
+/// byte arrived is a pool event: the request is replayed on a fresh connection when safe.
+async fn attempt(
+    group: &Arc<Group>,
+    peer: &Arc<Peer>,
+    out: &mut Outgoing,
+    deadline: Instant,
+) -> Result<Response<RespBody>, ProxyError> {
+    let cfg = group.config();
+    let pool = group.pool();
+    let mut fresh_only = false;
+    loop {
+        let mut conn = match if fresh_only {
+            None
+        } else {
+            pool.checkout(peer.addr())
+        } {
+            Some(c) => c,
+            None => {
+                let timeout = cfg
+                    .connect_timeout
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                match pool.connect(peer.addr(), timeout).await {
+                    Ok(c) => c,
+                    Err(ConnectError::Timeout(_)) => {
+                        return Err(ProxyError::new(Kind::ConnectTimeout).on_peer(
+                            peer.addr(),
+                            false,
+                            false,
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(ProxyError::new(Kind::Connect).with_source(e).on_peer(
+                            peer.addr(),
+                            false,
+                            false,
+                        ))
+                    }
+                }
+            }
+        };
+        let Some(req) = out.build() else {
+            return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
+        };
+        let reused = conn.is_reused();
+        let (w0, r0) = (conn.written(), conn.read());
+        peer.start_request();
+        let try_deadline = (Instant::now() + cfg.try_timeout).min(deadline);
+        let res = tokio::time::timeout_at(try_deadline, conn.sender.try_send_request(req)).await;
+        peer.end_request();
+        match res {
+            Err(_) => {
+                let written = conn.written() > w0;
+                return Err(ProxyError::new(Kind::Timeout).on_peer(peer.addr(), reused, written));
+            }
+            Ok(Ok(resp)) => return Ok(upstream_response(resp, group, conn)),
+            Ok(Err(mut e)) => {
+                if let Some(req) = e.take_message() {
+                    out.restore(req);
+                }
+                let written = conn.written() > w0;
+                let got_response_bytes = conn.read() > r0;
+                let idempotent = matches!(
+                    out.method,
+                    Method::GET
+                        | Method::HEAD
+                        | Method::OPTIONS
+                        | Method::TRACE
+                        | Method::PUT
+                        | Method::DELETE
+                );
+                if reused && !got_response_bytes && (!written || idempotent) && out.replayable() {
+                    group.metrics().pool_stale_replays.inc();
+                    tracing::debug!(peer.addr = %peer.addr(), error = %e.error(), "reused connection was closed; replaying on a fresh one");
+                    fresh_only = true;
+                    continue;
+                }
+                let e = e.into_error();
+                if e.is_user() {
+                    // The client's body failed mid-stream (malformed chunk, client gone): the
+                    // fault is downstream, and the peer did nothing wrong.
+                    return Err(ProxyError::new(Kind::BadRequest).with_source(e).on_peer(
+                        peer.addr(),
+                        reused,
+                        written,
+                    ));
+                }
+                return Err(ProxyError::new(Kind::Reset).with_source(e).on_peer(
+                    peer.addr(),
+                    reused,
+                    written,
+                ));
+            }
+        }
+    }
+}
+
+fn upstream_response(
+    resp: Response<Incoming>,
+    group: &Arc<Group>,
+    conn: crate::pool::Conn,
+) -> Response<RespBody> {
+    let (mut parts, body) = resp.into_parts();
+    let close = parts.headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+    }) || parts.version == Version::HTTP_10;
+    let idle = if close {
+        Duration::ZERO
+    } else {
+        group
+            .pool()
+            .idle_timeout_for(keepalive_hint(&parts.headers))
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    let checkin = Checkin::new(group.pool().clone(), conn, idle);
+    Response::from_parts(parts, RespBody::upstream(body, checkin))
+}

@@ -1,0 +1,105 @@
+//! Routing: host (exact or `*.suffix`) + longest path prefix -> group.
+
+use crate::config::{HostMatch, RouteConfig};
+
+/// Compiled routes.
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    routes: Vec<RouteConfig>,
+}
+
+impl RouteTable {
+    /// Compiles routes; order: exact hosts, then longer suffixes, then any; longest prefix first.
+    pub fn new(routes: &[RouteConfig]) -> Self {
+        let mut routes = routes.to_vec();
+        routes.sort_by_key(|r| {
+            let host_rank = match &r.host {
+                HostMatch::Exact(_) => 0usize,
+                HostMatch::Suffix(s) => 1000 - s.len().min(999),
+                HostMatch::Any => 2000,
+            };
+            (host_rank, std::cmp::Reverse(r.path.len()))
+        });
+        Self { routes }
+    }
+
+    /// The group for a host (any case, port ignored) and path.
+    pub fn find(&self, host: Option<&str>, path: &str) -> Option<&str> {
+        let host = host.map(|h| strip_port(h).to_ascii_lowercase());
+        self.routes
+            .iter()
+            .find(|r| {
+                let host_ok = match (&r.host, &host) {
+                    (HostMatch::Any, _) => true,
+                    (HostMatch::Exact(e), Some(h)) => e == h,
+                    (HostMatch::Suffix(s), Some(h)) => h.ends_with(s.as_str()) && h.len() > s.len(),
+                    _ => false,
+                };
+                host_ok && prefix_matches(&r.path, path)
+            })
+            .map(|r| r.group.as_str())
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host
+            .split(']')
+            .next()
+            .map(|h| &host[..h.len() + 1])
+            .unwrap_or(host);
+    }
+    match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// `/api` matches `/api`, `/api/x` and `/api?q`, not `/apix`; a prefix ending in `/` matches below it.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if !path.starts_with(prefix) {
+        return false;
+    }
+    prefix.ends_with('/')
+        || path.len() == prefix.len()
+        || matches!(path.as_bytes()[prefix.len()], b'/' | b'?')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(host: HostMatch, path: &str, group: &str) -> RouteConfig {
+        RouteConfig {
+            host,
+            path: path.into(),
+            group: group.into(),
+        }
+    }
+
+    #[test]
+    fn host_and_longest_prefix_win() {
+        let t = RouteTable::new(&[
+            r(HostMatch::Any, "/", "default"),
+            r(HostMatch::Any, "/api", "api"),
+            r(HostMatch::Any, "/api/v2", "v2"),
+            r(HostMatch::Suffix(".example.com".into()), "/", "wild"),
+            r(HostMatch::Exact("shop.example.com".into()), "/", "shop"),
+        ]);
+        assert_eq!(t.find(None, "/"), Some("default"));
+        assert_eq!(t.find(Some("x.test"), "/api"), Some("api"));
+        assert_eq!(t.find(Some("x.test"), "/api/v2/items"), Some("v2"));
+        assert_eq!(t.find(Some("x.test"), "/apix"), Some("default"));
+        assert_eq!(t.find(Some("a.example.com:8080"), "/api"), Some("wild"));
+        assert_eq!(t.find(Some("SHOP.example.com"), "/"), Some("shop"));
+        assert_eq!(t.find(Some("example.com"), "/api"), Some("api"));
+    }
+
+    #[test]
+    fn no_match_is_none() {
+        let t = RouteTable::new(&[r(HostMatch::Exact("a.test".into()), "/only", "g")]);
+        assert_eq!(t.find(Some("b.test"), "/only"), None);
+        assert_eq!(t.find(Some("a.test"), "/other"), None);
+        assert_eq!(t.find(Some("[::1]:80"), "/only"), None);
+    }
+}

@@ -1,0 +1,267 @@
+//! Start-up, signals, reload and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
+
+use crate::access_log::AccessLogger;
+use crate::config::{self, Config};
+use crate::listener::{accept_loop, Signals};
+use crate::metrics::{GroupLabel, Metrics};
+use crate::state::{Shared, State};
+
+/// Why upkeep could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Which listener.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The state could not be built (e.g. no system resolver).
+    #[error("{0}")]
+    State(String),
+    /// The access log could not be opened.
+    #[error("access log: {0}")]
+    AccessLog(std::io::Error),
+}
+
+/// Control messages for a running server.
+#[derive(Debug, Clone, Copy)]
+pub enum Control {
+    /// Re-read the config file.
+    Reload,
+    /// Drain and exit.
+    Terminate,
+}
+
+/// A running upkeep.
+pub struct Running {
+    /// Bound downstream addresses, in config order.
+    pub listeners: Vec<SocketAddr>,
+    /// Bound admin address.
+    pub admin: SocketAddr,
+    /// Shared state.
+    pub shared: Arc<Shared>,
+    control: mpsc::UnboundedSender<Control>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Sends a control message.
+    pub fn control(&self, c: Control) {
+        let _ = self.control.send(c);
+    }
+
+    /// Waits until the server has shut down.
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// Re-reads the config file and applies it; on any problem the old config stays.
+pub fn reload(shared: &Shared) -> Result<(), String> {
+    let Some(path) = &shared.config_path else {
+        return Err("started from flags, there is no config file to reload".into());
+    };
+    let cfg = config::load(path).map_err(|e| e.to_string())?;
+    let cur = shared.state.load();
+    let old: Vec<_> = cur.config.listeners.iter().map(|l| l.listen).collect();
+    let new: Vec<_> = cfg.listeners.iter().map(|l| l.listen).collect();
+    if old != new {
+        tracing::warn!(
+            ?old,
+            ?new,
+            "listener addresses changed; they apply after a restart"
+        );
+    }
+    shared.apply(cfg)?;
+    tracing::info!(path = %path.display(), "config reloaded");
+    Ok(())
+}
+
+/// Binds every listener and starts serving.
+pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Running, StartError> {
+    let access_log = AccessLogger::start(&config.access_log).map_err(StartError::AccessLog)?;
+    start_with(config, config_path, access_log).await
+}
+
+/// Like `start`, with a given access logger.
+pub async fn start_with(
+    config: Config,
+    config_path: Option<PathBuf>,
+    access_log: AccessLogger,
+) -> Result<Running, StartError> {
+    let metrics = Metrics::new();
+    let config = Arc::new(config);
+    let admin_listener = TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.admin.listen,
+            what: "admin",
+            source,
+        })?;
+    let mut bound = Vec::new();
+    for l in &config.listeners {
+        let tl = TcpListener::bind(l.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: l.listen,
+                what: "listener",
+                source,
+            })?;
+        bound.push((tl, Arc::new(l.clone())));
+    }
+    let shared = Shared::new(metrics, access_log, config_path, config.clone());
+    let state = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
+    shared.state.store(Arc::new(state));
+
+    let admin = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            addr: config.admin.listen,
+            what: "admin",
+            source,
+        })?;
+    let listeners: Vec<SocketAddr> = bound
+        .iter()
+        .filter_map(|(l, _)| l.local_addr().ok())
+        .collect();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (close_tx, close_rx) = watch::channel(false);
+    let signals = Signals {
+        stop_accepting: stop_rx,
+        close_idle: close_rx,
+    };
+    let tracker = TaskTracker::new();
+    let mut accept_tasks = Vec::new();
+    for (tl, cfg) in bound {
+        accept_tasks.push(tokio::spawn(accept_loop(
+            tl,
+            cfg,
+            shared.clone(),
+            signals.clone(),
+            tracker.clone(),
+        )));
+    }
+    shared.set_listeners_bound();
+    let reload_shared = shared.clone();
+    let admin_task = tokio::spawn(crate::admin::serve(
+        admin_listener,
+        shared.clone(),
+        Arc::new(move || reload(&reload_shared)),
+    ));
+    let monitor = tokio::spawn(degraded_monitor(shared.clone()));
+    tracing::info!(listeners = ?listeners, admin = %admin, "upkeep serving");
+
+    let (control, mut rx) = mpsc::unbounded_channel();
+    let task_shared = shared.clone();
+    let task = tokio::spawn(async move {
+        while let Some(c) = rx.recv().await {
+            match c {
+                Control::Reload => {
+                    if let Err(e) = reload(&task_shared) {
+                        for line in e.lines() {
+                            tracing::error!("{line}");
+                        }
+                        tracing::error!("reload refused; the running config stays");
+                    }
+                }
+                Control::Terminate => break,
+            }
+        }
+        let lc = task_shared.state.load().config.lifecycle.clone();
+        task_shared.set_draining();
+        tracing::info!(
+            drain_delay_ms = lc.drain_delay.as_millis() as u64,
+            "draining: readiness fails, still serving"
+        );
+        tokio::time::sleep(lc.drain_delay).await;
+        let _ = stop_tx.send(true);
+        for t in accept_tasks {
+            let _ = t.await;
+        }
+        let _ = close_tx.send(true);
+        tracker.close();
+        if tokio::time::timeout(lc.shutdown_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown timeout reached with requests still in flight");
+        }
+        admin_task.abort();
+        monitor.abort();
+        tracing::info!("shut down");
+    });
+    Ok(Running {
+        listeners,
+        admin,
+        shared,
+        control,
+        task,
+    })
+}
+
+/// Keeps the degraded gauges of optional groups fresh, and warns once a degradation has
+/// lasted longer than `degraded_alert_after`, so a long one is never silent.
+async fn degraded_monitor(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut alerted = std::collections::HashSet::new();
+    loop {
+        tick.tick().await;
+        let state = shared.state.load();
+        for (name, g) in &state.groups {
+            let label = GroupLabel {
+                group: name.clone(),
+            };
+            let degraded = g.degraded_for();
+            shared
+                .metrics
+                .degraded
+                .get_or_create(&label)
+                .set(degraded.is_some() as i64);
+            let alert = degraded.is_some_and(|d| d >= g.config().degraded_alert_after);
+            shared
+                .metrics
+                .degraded_alert
+                .get_or_create(&label)
+                .set(alert as i64);
+            if alert && alerted.insert(name.clone()) {
+                tracing::warn!(group = %name, required = g.config().required, "group has had no usable peer for longer than degraded_alert_after");
+            } else if !alert {
+                alerted.remove(name);
+            }
+        }
+    }
+}
+
+/// Runs until SIGTERM/SIGINT (drain) with SIGHUP reloading.
+pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), StartError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let running = start(config, config_path).await?;
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    let mut hup = signal(SignalKind::hangup()).expect("installing SIGHUP handler");
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => running.control(Control::Reload),
+        }
+    }
+    tracing::info!("termination signal received");
+    running.control(Control::Terminate);
+    running.wait().await;
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! Upstream groups: peers, health, balancing, discovery.
+
+pub mod active;
+pub mod group;
+pub mod names;
+pub mod peer;
+
+pub use group::{Group, PeerSet, RequestGuard};
+pub use peer::{FailureEffect, Peer, PeerView};

@@ -1,0 +1,534 @@
+//! An upstream group: peers keyed by address across endpoints and tiers, replaced atomically
+//! when discovery changes a name's addresses, picked with a panic threshold.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::peer::{FailureEffect, Peer};
+use crate::config::{Balance, EndpointSource, GroupConfig};
+use crate::error::NoPeersReason;
+use crate::metrics::{GroupLabel, Metrics};
+use crate::pool::Pool;
+
+/// The current peers of a group, by tier.
+#[derive(Debug, Default)]
+pub struct PeerSet {
+    tiers: Vec<Vec<Arc<Peer>>>,
+    by_addr: HashMap<SocketAddr, Arc<Peer>>,
+    /// Some name endpoint has never resolved and no peer exists at all.
+    never_resolved: bool,
+}
+
+impl PeerSet {
+    /// Every peer.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Peer>> {
+        self.tiers.iter().flatten()
+    }
+
+    /// Number of peers.
+    pub fn len(&self) -> usize {
+        self.by_addr.len()
+    }
+
+    /// No peers.
+    pub fn is_empty(&self) -> bool {
+        self.by_addr.is_empty()
+    }
+}
+
+/// The addresses one endpoint currently contributes.
+#[derive(Clone, Debug, Default)]
+pub struct EndpointAddrs {
+    /// Addresses (for a name: its resolved IPs with the endpoint's port).
+    pub addrs: Vec<SocketAddr>,
+    /// A name that has never resolved.
+    pub never_resolved: bool,
+}
+
+/// An upstream group.
+pub struct Group {
+    name: String,
+    cfg: GroupConfig,
+    peers: ArcSwap<PeerSet>,
+    endpoint_addrs: Mutex<Vec<EndpointAddrs>>,
+    rr: AtomicUsize,
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    active_requests: AtomicUsize,
+    active_retries: AtomicUsize,
+    pub(crate) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    degraded_since: Mutex<Option<Instant>>,
+    name_views: Mutex<std::collections::BTreeMap<usize, serde_json::Value>>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Group {
+    /// A group whose static endpoints are peers at once; name endpoints start unresolved.
+    pub fn new(name: String, cfg: GroupConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+        let endpoint_addrs = cfg
+            .endpoints
+            .iter()
+            .map(|e| match &e.source {
+                EndpointSource::Static(a) => EndpointAddrs {
+                    addrs: vec![*a],
+                    never_resolved: false,
+                },
+                EndpointSource::Name { .. } => EndpointAddrs {
+                    addrs: Vec::new(),
+                    never_resolved: true,
+                },
+            })
+            .collect();
+        let pool = Pool::new(cfg.pool.clone(), metrics.clone());
+        let g = Arc::new(Self {
+            name,
+            cfg,
+            peers: ArcSwap::from_pointee(PeerSet::default()),
+            endpoint_addrs: Mutex::new(endpoint_addrs),
+            rr: AtomicUsize::new(0),
+            pool,
+            metrics,
+            active_requests: AtomicUsize::new(0),
+            active_retries: AtomicUsize::new(0),
+            tasks: Mutex::new(Vec::new()),
+            degraded_since: Mutex::new(None),
+            name_views: Mutex::new(std::collections::BTreeMap::new()),
+        });
+        g.rebuild();
+        g
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The group's config.
+    pub fn config(&self) -> &GroupConfig {
+        &self.cfg
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The current peer set.
+    pub fn peers(&self) -> Arc<PeerSet> {
+        self.peers.load_full()
+    }
+
+    /// Replaces the addresses of endpoint `index` (discovery) and swaps in a new peer set.
+    pub fn set_endpoint_addrs(&self, index: usize, ips: &[IpAddr], never_resolved: bool) {
+        let port = match self.cfg.endpoints.get(index).map(|e| &e.source) {
+            Some(EndpointSource::Name { port, .. }) => *port,
+            _ => return,
+        };
+        {
+            let mut eps = self.endpoint_addrs.lock().unwrap();
+            eps[index] = EndpointAddrs {
+                addrs: ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect(),
+                never_resolved,
+            };
+        }
+        self.rebuild();
+    }
+
+    /// Records what discovery last said about endpoint `index` (for `/upstreams`).
+    pub fn set_name_view(&self, index: usize, view: serde_json::Value) {
+        self.name_views.lock().unwrap().insert(index, view);
+    }
+
+    /// Every name endpoint has had at least one DNS answer (or failure) since start.
+    pub fn discovery_settled(&self) -> bool {
+        let names = self
+            .cfg
+            .endpoints
+            .iter()
+            .filter(|e| matches!(e.source, EndpointSource::Name { .. }))
+            .count();
+        self.name_views.lock().unwrap().len() >= names
+    }
+
+    /// The `/upstreams` view of this group.
+    pub fn view(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let set = self.peers();
+        let peers: Vec<_> = set
+            .all()
+            .map(|p| p.view(now, self.pool.idle_count(p.addr())))
+            .collect();
+        let names: Vec<_> = self.name_views.lock().unwrap().values().cloned().collect();
+        serde_json::json!({
+            "required": self.cfg.required,
+            "usable": self.is_usable(),
+            "unusable_reason": self.unusable_reason().map(|r| r.as_str()),
+            "names": names,
+            "peers": peers,
+        })
+    }
+
+    /// Rebuilds the peer set from every endpoint's addresses, keeping the health state of
+    /// peers whose address stays; readers see the old set or the new one, never a gap.
+    fn rebuild(&self) {
+        let eps = self.endpoint_addrs.lock().unwrap();
+        let old = self.peers.load();
+        let mut tiers: Vec<Vec<Arc<Peer>>> = Vec::new();
+        let mut by_addr: HashMap<SocketAddr, Arc<Peer>> = HashMap::new();
+        // Lowest tier first, so an address listed in two tiers lands in the better one.
+        let mut order: Vec<usize> = (0..eps.len()).collect();
+        order.sort_by_key(|&i| self.cfg.endpoints[i].tier);
+        for i in order {
+            let tier = self.cfg.endpoints[i].tier;
+            for addr in &eps[i].addrs {
+                if by_addr.contains_key(addr) {
+                    continue;
+                }
+                let peer = match old.by_addr.get(addr) {
+                    Some(p) if p.tier() == tier => p.clone(),
+                    _ => Arc::new(Peer::new(*addr, tier)),
+                };
+                by_addr.insert(*addr, peer.clone());
+                let t = tier as usize;
+                if tiers.len() <= t {
+                    tiers.resize_with(t + 1, Vec::new);
+                }
+                tiers[t].push(peer);
+            }
+        }
+        tiers.retain(|t| !t.is_empty());
+        let never_resolved = by_addr.is_empty() && eps.iter().any(|e| e.never_resolved);
+        self.peers.store(Arc::new(PeerSet {
+            tiers,
+            by_addr,
+            never_resolved,
+        }));
+    }
+
+    fn min_healthy(&self, total: usize) -> usize {
+        let pct = self.cfg.health.min_healthy_percent as usize;
+        (total * pct).div_ceil(100).max(1).min(total)
+    }
+
+    /// Picks a peer not in `tried`: the first tier with a healthy untried peer; when no peer
+    /// is healthy anywhere, panic mode over the first tier (all its peers), as Envoy does.
+    pub fn pick(&self, tried: &[SocketAddr]) -> Result<Arc<Peer>, NoPeersReason> {
+        let set = self.peers.load();
+        if set.is_empty() {
+            return Err(if set.never_resolved {
+                NoPeersReason::NeverResolved
+            } else {
+                NoPeersReason::EmptyGroup
+            });
+        }
+        let now = Instant::now();
+        let mut any_healthy = false;
+        for tier in &set.tiers {
+            let healthy = tier.iter().filter(|p| p.is_healthy(now));
+            let mut candidates: Vec<&Arc<Peer>> = Vec::with_capacity(tier.len());
+            for p in healthy {
+                any_healthy = true;
+                if !tried.contains(&p.addr()) {
+                    candidates.push(p);
+                }
+            }
+            if let Some(p) = self.choose(&candidates) {
+                return Ok(p);
+            }
+        }
+        // Nothing healthy and untried. If nothing is healthy at all, route to everything
+        // rather than fail: a peer marked down may still answer (the panic threshold).
+        let untried: Vec<&Arc<Peer>> = set
+            .tiers
+            .iter()
+            .flatten()
+            .filter(|p| !tried.contains(&p.addr()))
+            .collect();
+        if !any_healthy {
+            self.set_panic(true);
+            return self.choose(&untried).ok_or(NoPeersReason::AllTried);
+        }
+        Err(if untried.is_empty() {
+            NoPeersReason::AllTried
+        } else {
+            NoPeersReason::AllEjected
+        })
+    }
+
+    fn choose(&self, candidates: &[&Arc<Peer>]) -> Option<Arc<Peer>> {
+        match candidates.len() {
+            0 => None,
+            1 => Some(candidates[0].clone()),
+            n => match self.cfg.balance {
+                Balance::RoundRobin => {
+                    let i = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+                    Some(candidates[i].clone())
+                }
+                Balance::P2c => {
+                    let mut rng = rand::rng();
+                    let a = rng.random_range(0..n);
+                    let mut b = rng.random_range(0..n - 1);
+                    if b >= a {
+                        b += 1;
+                    }
+                    let (pa, pb) = (candidates[a], candidates[b]);
+                    Some(if pb.active() < pa.active() {
+                        pb.clone()
+                    } else {
+                        pa.clone()
+                    })
+                }
+            },
+        }
+    }
+
+    fn set_panic(&self, on: bool) {
+        self.metrics
+            .panic_mode
+            .get_or_create(&GroupLabel {
+                group: self.name.clone(),
+            })
+            .set(on as i64);
+    }
+
+    /// Records a success on `peer`.
+    pub fn record_success(&self, peer: &Peer) {
+        peer.record_success();
+    }
+
+    /// Records a failure on `peer`; ejects it unless that would leave the group with fewer
+    /// healthy peers than the panic threshold allows.
+    pub fn record_failure(&self, peer: &Peer, weight: u32) -> FailureEffect {
+        let set = self.peers.load();
+        let now = Instant::now();
+        let effect = peer.record_failure(&self.cfg.health, weight, now, || {
+            let healthy = set.all().filter(|p| p.is_healthy(now)).count();
+            healthy > self.min_healthy(set.len())
+        });
+        match effect {
+            FailureEffect::Ejected(t) => {
+                self.metrics.peer_ejections.inc();
+                tracing::warn!(group = %self.name, peer.addr = %peer.addr(), ejected_ms = t.as_millis() as u64, "peer ejected");
+            }
+            FailureEffect::KeptByPanicGuard => {
+                tracing::debug!(group = %self.name, peer.addr = %peer.addr(), "failure threshold reached; kept by the panic threshold");
+            }
+            FailureEffect::Counted => {}
+        }
+        effect
+    }
+
+    /// Whether at least one peer can take traffic now (for readiness).
+    pub fn is_usable(&self) -> bool {
+        let set = self.peers.load();
+        !set.is_empty()
+    }
+
+    /// Why the group is not usable, if it is not.
+    pub fn unusable_reason(&self) -> Option<NoPeersReason> {
+        let set = self.peers.load();
+        if set.is_empty() {
+            Some(if set.never_resolved {
+                NoPeersReason::NeverResolved
+            } else {
+                NoPeersReason::EmptyGroup
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Counts a request in flight for the retry budget; the guard ends it.
+    pub fn start_request(self: &Arc<Self>) -> RequestGuard {
+        self.active_requests.fetch_add(1, Ordering::Relaxed);
+        RequestGuard {
+            group: self.clone(),
+            retries: 0,
+        }
+    }
+
+    /// Degraded-state tracking for optional groups: returns how long it has been unusable.
+    pub fn degraded_for(&self) -> Option<std::time::Duration> {
+        let usable = self.is_usable();
+        let mut since = self.degraded_since.lock().unwrap();
+        if usable {
+            *since = None;
+            return None;
+        }
+        let start = *since.get_or_insert_with(Instant::now);
+        Some(start.elapsed())
+    }
+}
+
+/// One request's claim on the retry budget.
+pub struct RequestGuard {
+    group: Arc<Group>,
+    retries: usize,
+}
+
+impl RequestGuard {
+    /// Takes one retry from the budget: retries in flight may be at most `budget_percent` of
+    /// active requests, but `budget_min` are always allowed (Envoy's retry budget).
+    pub fn try_retry(&mut self) -> bool {
+        let g = &self.group;
+        let active = g.active_requests.load(Ordering::Relaxed);
+        let retrying = g.active_retries.load(Ordering::Relaxed);
+        let allowed = (active * g.cfg.retry.budget_percent as usize / 100)
+            .max(g.cfg.retry.budget_min as usize);
+        if self.retries == 0 && retrying >= allowed {
+            g.metrics.retry_budget_exhausted.inc();
+            return false;
+        }
+        if self.retries == 0 {
+            g.active_retries.fetch_add(1, Ordering::Relaxed);
+        }
+        self.retries += 1;
+        true
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.group.active_requests.fetch_sub(1, Ordering::Relaxed);
+        if self.retries > 0 {
+            self.group.active_retries.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A random delay in `[lo, hi)`, for jittered backoff.
+pub fn jitter(lo: std::time::Duration, hi: std::time::Duration) -> std::time::Duration {
+    let (lo, hi) = (lo.as_micros() as u64, hi.as_micros() as u64);
+    std::time::Duration::from_micros(if hi > lo {
+        rand::rng().random_range(lo..hi)
+    } else {
+        lo
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Endpoint, HealthConfig};
+
+    fn group(addrs: &[&str], tiers: &[u8]) -> Arc<Group> {
+        let eps = addrs
+            .iter()
+            .zip(tiers)
+            .map(|(a, t)| Endpoint {
+                source: EndpointSource::Static(a.parse().unwrap()),
+                tier: *t,
+            })
+            .collect();
+        let mut cfg = GroupConfig::with_endpoints(eps);
+        cfg.health = HealthConfig {
+            consecutive_failures: 1,
+            ..HealthConfig::default()
+        };
+        Group::new("g".into(), cfg, Metrics::new())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn panic_threshold_never_ejects_the_last_healthy_half() {
+        let g = group(
+            &["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"],
+            &[0, 0, 0, 0],
+        );
+        let set = g.peers();
+        let peers: Vec<_> = set.all().cloned().collect();
+        let effects: Vec<_> = peers.iter().map(|p| g.record_failure(p, 1)).collect();
+        let ejected = effects
+            .iter()
+            .filter(|e| matches!(e, FailureEffect::Ejected(_)))
+            .count();
+        assert_eq!(ejected, 2, "50% of 4 must stay: {effects:?}");
+        let now = Instant::now();
+        assert_eq!(peers.iter().filter(|p| p.is_healthy(now)).count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn single_peer_is_never_ejected() {
+        let g = group(&["127.0.0.1:1"], &[0]);
+        let p = g.peers().all().next().unwrap().clone();
+        for _ in 0..10 {
+            assert_eq!(g.record_failure(&p, 1), FailureEffect::KeptByPanicGuard);
+        }
+        assert!(g.pick(&[]).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn same_address_from_two_endpoints_is_one_peer() {
+        let g = group(&["127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:2"], &[0, 0, 1]);
+        assert_eq!(g.peers().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lower_tier_is_used_only_when_the_first_has_no_healthy_peer() {
+        let g = group(&["127.0.0.1:1", "127.0.0.1:2"], &[0, 1]);
+        for _ in 0..5 {
+            assert_eq!(g.pick(&[]).unwrap().addr().port(), 1);
+        }
+        let first = g.pick(&[]).unwrap();
+        assert!(matches!(
+            g.record_failure(&first, 1),
+            FailureEffect::Ejected(_)
+        ));
+        assert_eq!(g.pick(&[]).unwrap().addr().port(), 2);
+        // A retry after tier 0 failed goes to tier 1 even while tier 0 is healthy.
+        first.record_success();
+        assert_eq!(
+            g.pick(&["127.0.0.1:1".parse().unwrap()])
+                .unwrap()
+                .addr()
+                .port(),
+            2
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn name_endpoint_that_never_resolved_reports_never_resolved() {
+        let cfg = GroupConfig::with_endpoints(vec![Endpoint {
+            source: EndpointSource::Name {
+                host: "app.upkeep.test".into(),
+                port: 80,
+            },
+            tier: 0,
+        }]);
+        let g = Group::new("g".into(), cfg, Metrics::new());
+        assert_eq!(g.pick(&[]).unwrap_err(), NoPeersReason::NeverResolved);
+        g.set_endpoint_addrs(0, &["127.0.0.9".parse().unwrap()], false);
+        assert_eq!(g.pick(&[]).unwrap().addr(), "127.0.0.9:80".parse().unwrap());
+        g.set_endpoint_addrs(0, &[], false);
+        assert_eq!(g.pick(&[]).unwrap_err(), NoPeersReason::EmptyGroup);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_budget_allows_the_floor_then_refuses() {
+        let g = group(&["127.0.0.1:1"], &[0]);
+        let mut guards: Vec<_> = (0..10).map(|_| g.start_request()).collect();
+        let granted = guards
+            .iter_mut()
+            .filter_map(|r| r.try_retry().then_some(()))
+            .count();
+        // 20% of 10 = 2, floor 3.
+        assert_eq!(granted, 3);
+    }
+}

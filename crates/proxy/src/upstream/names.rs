@@ -1,0 +1,135 @@
+//! Wires DNS discovery into a group: one re-resolve loop per name endpoint, each change of a
+//! name's addresses swapped into the group's peer set.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Weak};
+
+use serde_json::json;
+use upkeep_discovery::{NameState, Observer, Outcome, Policy, Resolver, StaleCheck};
+
+use super::Group;
+use crate::config::{EndpointSource, StaleGrace};
+use crate::metrics::{Metrics, OutcomeLabel};
+
+struct GroupStale {
+    group: Weak<Group>,
+    port: u16,
+}
+
+impl StaleCheck for GroupStale {
+    fn still_healthy(&self, addrs: &[IpAddr]) -> bool {
+        let Some(g) = self.group.upgrade() else {
+            return false;
+        };
+        let set = g.peers();
+        let now = tokio::time::Instant::now();
+        let healthy = set
+            .all()
+            .filter(|p| p.addr().port() == self.port && addrs.contains(&p.addr().ip()))
+            .any(|p| p.is_healthy(now));
+        healthy
+    }
+}
+
+struct Counting {
+    metrics: Arc<Metrics>,
+    group: String,
+}
+
+impl Observer for Counting {
+    fn on_lookup(&self, name: &str, outcome: &Outcome, old: &[IpAddr], new: &[IpAddr]) {
+        self.metrics
+            .dns_lookups
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            })
+            .inc();
+        if old != new {
+            self.metrics.dns_changes.inc();
+            tracing::info!(
+                group = %self.group,
+                dns.name = name,
+                dns.outcome = outcome.label(),
+                dns.rcode = outcome.rcode().unwrap_or("-"),
+                old = ?old,
+                new = ?new,
+                "peer set changed"
+            );
+        }
+    }
+}
+
+fn policy(group: &Group) -> Policy {
+    let d = &group.config().discovery;
+    Policy {
+        min_refresh: d.min_refresh,
+        max_refresh: d.max_refresh,
+        stale_grace: match d.stale_grace {
+            StaleGrace::WhileHealthy => upkeep_discovery::StaleGrace::WhileHealthy,
+            StaleGrace::For(t) => upkeep_discovery::StaleGrace::For(t),
+        },
+        error_backoff: std::time::Duration::from_secs(1),
+    }
+}
+
+/// Starts discovery for every name endpoint of `group`.
+pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>) {
+    for (index, ep) in group.config().endpoints.iter().enumerate() {
+        let EndpointSource::Name { host, port } = &ep.source else {
+            continue;
+        };
+        let stale = Arc::new(GroupStale {
+            group: Arc::downgrade(group),
+            port: *port,
+        });
+        let observer = Arc::new(Counting {
+            metrics: metrics.clone(),
+            group: group.name().to_owned(),
+        });
+        let (mut rx, handle) = upkeep_discovery::watch_name(
+            resolver.clone(),
+            host.clone(),
+            policy(group),
+            stale,
+            observer,
+        );
+        let weak = Arc::downgrade(group);
+        let follow = tokio::spawn(async move {
+            loop {
+                let state = rx.borrow_and_update().clone();
+                match weak.upgrade() {
+                    Some(g) => apply(&g, index, &state),
+                    None => return,
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut tasks = group.tasks.lock().unwrap();
+        tasks.push(handle.abort_handle());
+        tasks.push(follow.abort_handle());
+    }
+}
+
+fn apply(group: &Group, index: usize, st: &NameState) {
+    group.set_endpoint_addrs(index, &st.addrs, !st.resolved_ever);
+    if st.last_at.is_none() {
+        // No lookup has finished yet: first discovery is still pending (see /startupz).
+        return;
+    }
+    let since = |t: Option<std::time::SystemTime>| t.map(crate::access_log::rfc3339);
+    group.set_name_view(
+        index,
+        json!({
+            "name": st.name,
+            "addrs": st.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            "resolved_ever": st.resolved_ever,
+            "last_outcome": st.last_outcome.label(),
+            "last_rcode": st.last_outcome.rcode(),
+            "last_at": since(st.last_at),
+            "stale_since": since(st.stale_since),
+            "dropped_reason": st.dropped_reason,
+        }),
+    );
+}

@@ -1,0 +1,37 @@
+//! Shared helpers for the proxy's integration tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use upkeep_proxy::access_log::AccessLogger;
+use upkeep_proxy::server::{start_with, Running};
+
+/// Starts upkeep in-process from config text (use `127.0.0.1:0` addresses).
+pub async fn upkeep(toml: &str) -> Running {
+    upkeep_test_support::init_tracing();
+    let cfg = upkeep_proxy::config::parse(Path::new("test.toml"), toml)
+        .unwrap_or_else(|e| panic!("test config: {e}"));
+    start_with(cfg, None, AccessLogger::off())
+        .await
+        .expect("upkeep starts")
+}
+
+/// A config with one listener, an admin listener, and one group `app` over `addrs`.
+pub fn one_group(addrs: &[std::net::SocketAddr], extra: &str) -> String {
+    let eps: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[route]]\ngroup = \"app\"\n\n[groups.app]\nendpoints = [{}]\n{extra}\n",
+        eps.join(", ")
+    )
+}
+
+/// Reads a metric's value from `/metrics` text: the first sample whose line starts with `prefix`.
+pub async fn metric(running: &Running, prefix: &str) -> f64 {
+    let m = upkeep_test_support::get(running.admin, "admin", "/metrics")
+        .await
+        .text();
+    m.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
