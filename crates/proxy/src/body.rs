@@ -136,6 +136,13 @@ impl RespBody {
 
 impl Drop for RespBody {
     fn drop(&mut self) {
+        // hyper stops polling once a length-delimited body is fully sent, so "ended" is
+        // also "nothing left to read".
+        let ended = match &self.inner {
+            Inner::Full(d) => d.is_none(),
+            Inner::Upstream { body, .. } => body.is_end_stream(),
+        };
+        self.complete |= ended;
         if let Inner::Upstream { body, checkin } = &mut self.inner {
             if body.is_end_stream() {
                 if let Some(c) = checkin.take() {

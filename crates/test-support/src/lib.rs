@@ -26,3 +26,12 @@ pub fn rss_bytes() -> u64 {
         .unwrap_or(0);
     pages * 4096
 }
+
+/// A loopback port that was free a moment ago (for processes that need an address up front).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}

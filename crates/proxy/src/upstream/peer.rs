@@ -161,7 +161,7 @@ impl Peer {
     /// Applies one active check result with rise/fall thresholds; returns the new "down" state.
     pub fn record_check(&self, ok: bool, rise: u32, fall: u32) -> bool {
         let mut h = self.health.lock().unwrap();
-        if ok == !h.active_down {
+        if ok != h.active_down {
             h.active_streak = 0;
         } else {
             h.active_streak += 1;

@@ -1,0 +1,132 @@
+//! HTTP/2 (prior knowledge) and TLS (ALPN h2 and http/1.1) end to end.
+
+mod support;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::{one_group, upkeep};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::{self, pki_types::ServerName};
+use upkeep_test_support::TestBackend;
+
+#[tokio::test]
+async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    let stream = TcpStream::connect(up.listeners[0]).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for i in 0..3 {
+        let req = Request::get(format!("http://h2.test/p{i}"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        assert!(
+            resp.headers().get("keep-alive").is_none(),
+            "no connection-specific headers on HTTP/2"
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], format!("b /p{i}\n").as_bytes());
+    }
+    let seen = b.seen();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[0].headers["host"], "h2.test");
+}
+
+fn tls_files(dir: &std::path::Path) -> rustls::pki_types::CertificateDer<'static> {
+    let cert = rcgen::generate_simple_self_signed(vec!["upkeep.test".to_owned()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), cert.signing_key.serialize_pem()).unwrap();
+    cert.cert.der().clone()
+}
+
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("upkeep.test").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(alpn));
+    tls
+}
+
+#[tokio::test]
+async fn tls_listener_serves_http2_and_http1_by_alpn() {
+    let b = TestBackend::start("b").await;
+    let dir = std::env::temp_dir().join(format!("upkeep-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = tls_files(&dir);
+    let cfg = one_group(&[b.addr()], "").replace(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ntls = {{ cert = \"{}\", key = \"{}\" }}\n",
+            dir.join("cert.pem").display(),
+            dir.join("key.pem").display()
+        ),
+    );
+    let up = upkeep(&cfg).await;
+
+    let tls = tls_connect(up.listeners[0], &ca, b"h2").await;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let resp = sender
+        .send_request(
+            Request::get("https://upkeep.test/two")
+                .body(Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(
+        resp.into_body().collect().await.unwrap().to_bytes(),
+        Bytes::from("b /two\n")
+    );
+
+    let tls = tls_connect(up.listeners[0], &ca, b"http/1.1").await;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/one")
+        .header("host", "upkeep.test")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_11);
+    assert_eq!(
+        resp.into_body().collect().await.unwrap().to_bytes(),
+        Bytes::from("b /one\n")
+    );
+
+    let seen = b.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].headers["x-forwarded-proto"], "https");
+    let _ = std::fs::remove_dir_all(&dir);
+}
