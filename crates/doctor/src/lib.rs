@@ -1,16 +1,10 @@
 //! The doctor: finds the seeds' traps in nginx configs, error logs, Kubernetes manifests and live servers.
 #![forbid(unsafe_code)]
 
-pub mod cli {
-    //! `upkeep doctor ...`.
-    use std::process::ExitCode;
-
-    /// Arguments of `upkeep doctor`.
-    #[derive(Debug, clap::Args)]
-    pub struct DoctorArgs {}
-
-    /// Runs `upkeep doctor ...`; exit 0 clean, 1 findings, 2 unreadable input.
-    pub fn run(_args: DoctorArgs) -> anyhow::Result<ExitCode> {
-        anyhow::bail!("the doctor is not built yet")
-    }
-}
+pub mod cli;
+pub mod finding;
+mod http;
+pub mod k8s;
+pub mod keepalive;
+pub mod logs;
+pub mod nginx;

@@ -64,18 +64,18 @@ impl Body for ReqBody {
         match self {
             ReqBody::Empty => SizeHint::with_exact(0),
             ReqBody::Stream { first, rest, .. } => {
-                let mut h = rest.size_hint();
-                if let Some(n) = first
+                let h = rest.size_hint();
+                let n = first
                     .as_ref()
                     .and_then(|f| f.data_ref())
-                    .map(|d| d.len() as u64)
-                {
-                    h.set_lower(h.lower() + n);
-                    if let Some(u) = h.upper() {
-                        h.set_upper(u + n);
-                    }
+                    .map_or(0, |d| d.len() as u64);
+                let mut out = SizeHint::new();
+                // Upper before lower: SizeHint asserts lower <= upper on every set.
+                if let Some(u) = h.upper() {
+                    out.set_upper(u + n);
                 }
-                h
+                out.set_lower(h.lower() + n);
+                out
             }
         }
     }

@@ -295,6 +295,7 @@ async fn send_with_retries(
     let mut budget = group.start_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     let mut last: Option<ProxyError> = None;
+    let mut retry_reason: Option<&'static str> = None;
     loop {
         let peer = match group.pick(&tried) {
             Ok(p) => p,
@@ -305,9 +306,9 @@ async fn send_with_retries(
                 if only_connects
                     && Instant::now() + Duration::from_millis(100) < window_end.min(deadline)
                 {
-                    if !budget.try_retry() {
-                        return Err(ProxyError::new(Kind::RetryBudget));
-                    }
+                    // Not charged to the retry budget: these tries are paced by the backoff,
+                    // and a refused connect costs the upstream nothing.
+                    retry_reason = None;
                     metrics
                         .retries
                         .get_or_create(&ReasonLabel {
@@ -325,6 +326,22 @@ async fn send_with_retries(
                 return Err(last.unwrap_or_else(|| ProxyError::new(Kind::NoPeers(reason))));
             }
         };
+        let _permit = match retry_reason.take() {
+            None => None,
+            Some(reason) => match budget.try_retry() {
+                Some(p) => {
+                    metrics.retries.get_or_create(&ReasonLabel { reason }).inc();
+                    Some(p)
+                }
+                None => {
+                    let err = ProxyError::new(Kind::RetryBudget);
+                    return Err(match last {
+                        Some(l) => err.with_source(l),
+                        None => err,
+                    });
+                }
+            },
+        };
         info.attempts += 1;
         info.peer = Some(peer.addr());
         match attempt(group, &peer, out, deadline).await {
@@ -333,6 +350,7 @@ async fn send_with_retries(
                 return Ok(resp);
             }
             Err(err) => {
+                tracing::debug!(peer.addr = %peer.addr(), error = %err, attempt = info.attempts, "attempt failed");
                 let weight = match err.kind() {
                     // A peer that does not even complete a handshake in time is taken out at once,
                     // so later requests do not pay the same timeout.
@@ -351,15 +369,11 @@ async fn send_with_retries(
                 if !safe || !out.replayable() || !attempts_left || Instant::now() >= deadline {
                     return Err(err);
                 }
-                if !budget.try_retry() {
-                    return Err(ProxyError::new(Kind::RetryBudget).with_source(err));
-                }
-                let reason = if err.is_connect() {
+                retry_reason = Some(if err.is_connect() {
                     "connect_failed"
                 } else {
                     "upstream_reset"
-                };
-                metrics.retries.get_or_create(&ReasonLabel { reason }).inc();
+                });
                 last = Some(err);
             }
         }

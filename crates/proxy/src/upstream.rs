@@ -5,5 +5,5 @@ pub mod group;
 pub mod names;
 pub mod peer;
 
-pub use group::{Group, PeerSet, RequestGuard};
+pub use group::{Group, PeerSet, RequestGuard, RetryPermit};
 pub use peer::{FailureEffect, Peer, PeerView};

@@ -4,9 +4,11 @@
 
 mod backend;
 mod client;
+pub mod load;
 
-pub use backend::{Seen, TestBackend};
+pub use backend::{KeepAlive, Seen, TestBackend};
 pub use client::{get, get_counting, raw_exchange, send, Reply};
+pub use upkeep_fakedns as fakedns;
 
 /// Installs a test-friendly tracing subscriber once (RUST_LOG decides the level).
 pub fn init_tracing() {
@@ -34,4 +36,35 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
+}
+
+/// A loopback address that accepts no connection: a listener that never accepts, its
+/// backlog filled, so further SYNs go unanswered and connects time out (a blackholed peer).
+pub struct Blackhole {
+    /// The address.
+    pub addr: std::net::SocketAddr,
+    _listener: socket2::Socket,
+    _fill: Vec<std::net::TcpStream>,
+}
+
+/// Opens a blackholed address on 127.0.0.1.
+pub fn blackhole() -> Blackhole {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    s.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    s.listen(0).expect("listen");
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    let mut fill = Vec::new();
+    for _ in 0..16 {
+        match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)) {
+            Ok(c) => fill.push(c),
+            Err(_) => break,
+        }
+    }
+    Blackhole {
+        addr,
+        _listener: s,
+        _fill: fill,
+    }
 }

@@ -361,7 +361,6 @@ impl Group {
         self.active_requests.fetch_add(1, Ordering::Relaxed);
         RequestGuard {
             group: self.clone(),
-            retries: 0,
         }
     }
 
@@ -381,36 +380,41 @@ impl Group {
 /// One request's claim on the retry budget.
 pub struct RequestGuard {
     group: Arc<Group>,
-    retries: usize,
+}
+
+/// One retry attempt in flight; releases its place in the budget when dropped.
+pub struct RetryPermit {
+    group: Arc<Group>,
 }
 
 impl RequestGuard {
-    /// Takes one retry from the budget: retries in flight may be at most `budget_percent` of
-    /// active requests, but `budget_min` are always allowed (Envoy's retry budget).
-    pub fn try_retry(&mut self) -> bool {
+    /// Takes a place for one retry attempt: retries in flight may be at most
+    /// `budget_percent` of active requests, but `budget_min` are always allowed (Envoy's
+    /// retry budget). The place is held until the attempt ends.
+    pub fn try_retry(&mut self) -> Option<RetryPermit> {
         let g = &self.group;
         let active = g.active_requests.load(Ordering::Relaxed);
-        let retrying = g.active_retries.load(Ordering::Relaxed);
         let allowed = (active * g.cfg.retry.budget_percent as usize / 100)
             .max(g.cfg.retry.budget_min as usize);
-        if self.retries == 0 && retrying >= allowed {
+        let prev = g.active_retries.fetch_add(1, Ordering::Relaxed);
+        if prev >= allowed {
+            g.active_retries.fetch_sub(1, Ordering::Relaxed);
             g.metrics.retry_budget_exhausted.inc();
-            return false;
+            return None;
         }
-        if self.retries == 0 {
-            g.active_retries.fetch_add(1, Ordering::Relaxed);
-        }
-        self.retries += 1;
-        true
+        Some(RetryPermit { group: g.clone() })
+    }
+}
+
+impl Drop for RetryPermit {
+    fn drop(&mut self) {
+        self.group.active_retries.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.group.active_requests.fetch_sub(1, Ordering::Relaxed);
-        if self.retries > 0 {
-            self.group.active_retries.fetch_sub(1, Ordering::Relaxed);
-        }
     }
 }
 
@@ -462,6 +466,22 @@ mod tests {
         assert_eq!(ejected, 2, "50% of 4 must stay: {effects:?}");
         let now = Instant::now();
         assert_eq!(peers.iter().filter(|p| p.is_healthy(now)).count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_trial_after_an_ejection_re_ejects_with_a_longer_time() {
+        let g = group(&["127.0.0.1:1", "127.0.0.1:2"], &[0, 0]);
+        let p = g.peers().all().next().unwrap().clone();
+        assert_eq!(
+            g.record_failure(&p, 1),
+            FailureEffect::Ejected(std::time::Duration::from_secs(2))
+        );
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        assert!(p.is_healthy(Instant::now()), "trial allowed");
+        assert_eq!(
+            g.record_failure(&p, 1),
+            FailureEffect::Ejected(std::time::Duration::from_secs(4))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -524,11 +544,11 @@ mod tests {
     async fn retry_budget_allows_the_floor_then_refuses() {
         let g = group(&["127.0.0.1:1"], &[0]);
         let mut guards: Vec<_> = (0..10).map(|_| g.start_request()).collect();
-        let granted = guards
-            .iter_mut()
-            .filter_map(|r| r.try_retry().then_some(()))
-            .count();
+        let permits: Vec<_> = guards.iter_mut().filter_map(|r| r.try_retry()).collect();
         // 20% of 10 = 2, floor 3.
-        assert_eq!(granted, 3);
+        assert_eq!(permits.len(), 3);
+        // A finished retry gives its place back.
+        drop(permits);
+        assert!(guards[0].try_retry().is_some());
     }
 }

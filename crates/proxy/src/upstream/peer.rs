@@ -131,14 +131,21 @@ impl Peer {
         now: Instant,
         may_eject: impl FnOnce() -> bool,
     ) -> FailureEffect {
-        let mut h = self.health.lock().unwrap();
-        h.consecutive_failures = h.consecutive_failures.saturating_add(weight);
-        let currently_ejected = h.ejected_until.is_some_and(|t| now < t);
-        if currently_ejected || h.consecutive_failures < cfg.consecutive_failures {
-            return FailureEffect::Counted;
+        {
+            let mut h = self.health.lock().unwrap();
+            h.consecutive_failures = h.consecutive_failures.saturating_add(weight);
+            let currently_ejected = h.ejected_until.is_some_and(|t| now < t);
+            if currently_ejected || h.consecutive_failures < cfg.consecutive_failures {
+                return FailureEffect::Counted;
+            }
         }
+        // Asked without holding this peer's lock: the guard looks at every peer, this one too.
         if !may_eject() {
             return FailureEffect::KeptByPanicGuard;
+        }
+        let mut h = self.health.lock().unwrap();
+        if h.ejected_until.is_some_and(|t| now < t) {
+            return FailureEffect::Counted;
         }
         // A peer that stayed healthy for a long while starts its backoff over.
         if h.last_ejected_at
