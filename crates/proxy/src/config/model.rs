@@ -315,6 +315,9 @@ pub struct DiscoveryConfig {
     pub max_refresh: Duration,
     /// Last-known-good retention on NXDOMAIN/NODATA.
     pub stale_grace: StaleGrace,
+    /// First retry delay after SERVFAIL/REFUSED/timeout; doubles with jitter.
+    #[serde(with = "secs")]
+    pub error_backoff: Duration,
 }
 
 impl Default for DiscoveryConfig {
@@ -323,6 +326,7 @@ impl Default for DiscoveryConfig {
             min_refresh: Duration::from_secs(1),
             max_refresh: Duration::from_secs(300),
             stale_grace: StaleGrace::WhileHealthy,
+            error_backoff: Duration::from_secs(1),
         }
     }
 }

@@ -115,6 +115,7 @@ pub(crate) struct Discovery {
     pub min_refresh: Option<S<String>>,
     pub max_refresh: Option<S<String>>,
     pub stale_grace: Option<S<String>>,
+    pub error_backoff: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -396,6 +396,7 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
         ) {
             cx.err(span, "min_refresh must not exceed max_refresh");
         }
+        m.discovery.error_backoff = cx.duration(&d.error_backoff, m.discovery.error_backoff);
         if let Some(s) = &d.stale_grace {
             m.discovery.stale_grace = if s.get_ref() == "while_healthy" {
                 StaleGrace::WhileHealthy

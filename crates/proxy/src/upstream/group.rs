@@ -64,6 +64,7 @@ pub struct Group {
     active_retries: AtomicUsize,
     pub(crate) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     degraded_since: Mutex<Option<Instant>>,
+    panic: std::sync::atomic::AtomicBool,
     name_views: Mutex<std::collections::BTreeMap<usize, serde_json::Value>>,
 }
 
@@ -105,6 +106,7 @@ impl Group {
             active_retries: AtomicUsize::new(0),
             tasks: Mutex::new(Vec::new()),
             degraded_since: Mutex::new(None),
+            panic: std::sync::atomic::AtomicBool::new(false),
             name_views: Mutex::new(std::collections::BTreeMap::new()),
         });
         g.rebuild();
@@ -251,6 +253,7 @@ impl Group {
                 }
             }
             if let Some(p) = self.choose(&candidates) {
+                self.set_panic(false);
                 return Ok(p);
             }
         }
@@ -301,12 +304,18 @@ impl Group {
     }
 
     fn set_panic(&self, on: bool) {
-        self.metrics
-            .panic_mode
-            .get_or_create(&GroupLabel {
-                group: self.name.clone(),
-            })
-            .set(on as i64);
+        // The gauge is touched only on a change, keeping the request path cheap.
+        if self.panic.swap(on, Ordering::Relaxed) != on {
+            self.metrics
+                .panic_mode
+                .get_or_create(&GroupLabel {
+                    group: self.name.clone(),
+                })
+                .set(on as i64);
+            if on {
+                tracing::warn!(group = %self.name, "no healthy peer: routing to all peers (panic mode)");
+            }
+        }
     }
 
     /// Records a success on `peer`.

@@ -68,7 +68,7 @@ fn policy(group: &Group) -> Policy {
             StaleGrace::WhileHealthy => upkeep_discovery::StaleGrace::WhileHealthy,
             StaleGrace::For(t) => upkeep_discovery::StaleGrace::For(t),
         },
-        error_backoff: std::time::Duration::from_secs(1),
+        error_backoff: d.error_backoff,
     }
 }
 
