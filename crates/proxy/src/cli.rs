@@ -31,6 +31,10 @@ pub struct ServeArgs {
     /// Access log: `-` (stdout), `off`, or a file path.
     #[arg(long, value_name = "DEST")]
     pub access_log: Option<String>,
+    /// Runtime worker threads (default: one per CPU). 1 runs a single-threaded runtime,
+    /// the cheapest per request when upkeep shares few cores with other work.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
     /// Diagnostics level on stderr: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     pub log_level: String,

@@ -37,8 +37,8 @@ pub struct ConnActivity {
     last_ms: AtomicU64,
     head_since_ms: AtomicU64,
     in_flight: AtomicUsize,
-    /// Wakes the connection's timer when a request head starts arriving.
-    head_started: tokio::sync::Notify,
+    /// Wakes the connection's timer when its deadline may have moved.
+    changed: tokio::sync::Notify,
 }
 
 impl ConnActivity {
@@ -48,7 +48,7 @@ impl ConnActivity {
             last_ms: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
-            head_started: tokio::sync::Notify::new(),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -65,9 +65,10 @@ impl ConnActivity {
         if on && cur == 0 {
             self.head_since_ms
                 .store(self.now_ms() + 1, Ordering::Relaxed);
-            self.head_started.notify_one();
+            self.changed.notify_one();
         } else if !on && cur != 0 {
             self.head_since_ms.store(0, Ordering::Relaxed);
+            self.changed.notify_one();
         }
     }
 }
@@ -86,7 +87,10 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.touch();
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.0.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            // Now idle: the idle deadline starts counting.
+            self.0.changed.notify_one();
+        }
     }
 }
 
@@ -251,12 +255,15 @@ async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(ConnActivity::new());
+    let keepalive = http::HeaderValue::from_str(&format!("timeout={}", cfg.idle_timeout.as_secs()))
+        .unwrap_or(http::HeaderValue::from_static("timeout=0"));
     let ctx = Arc::new(ConnCtx {
         shared,
         listener: cfg.clone(),
         remote,
         tls: tls.is_some(),
         activity: activity.clone(),
+        keepalive,
     });
     match tls {
         Some(acceptor) => {
@@ -374,7 +381,7 @@ async fn drive<C: GracefulConn>(
                 }
                 return;
             }
-            _ = activity.head_started.notified() => {}
+            _ = activity.changed.notified() => {}
             _ = async { let _ = signals.close_idle.wait_for(|s| *s).await; }, if !closing => {
                 closing = true;
                 conn.as_mut().graceful();

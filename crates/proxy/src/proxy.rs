@@ -37,6 +37,8 @@ pub struct ConnCtx {
     pub tls: bool,
     /// Idle and in-flight tracking of the connection.
     pub activity: Arc<ConnActivity>,
+    /// `Keep-Alive: timeout=N` for this listener, made once per connection.
+    pub keepalive: HeaderValue,
 }
 
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
@@ -95,26 +97,27 @@ pub async fn handle(
             cause: cause.unwrap_or(""),
         })
         .inc();
+    let record = shared.access_log.is_on().then(|| Record {
+        time: rfc3339(wall),
+        method: method.to_string(),
+        host: host.unwrap_or_default(),
+        path,
+        proto: proto_name(version),
+        status: status.as_u16(),
+        duration_ms: 0.0,
+        peer: info.peer,
+        attempts: info.attempts,
+        bytes_in: 0,
+        bytes_out: 0,
+        origin,
+        cause,
+        reason,
+        incomplete: false,
+    });
     let done = Done {
         shared,
         start,
-        record: Record {
-            time: rfc3339(wall),
-            method: method.to_string(),
-            host: host.unwrap_or_default(),
-            path,
-            proto: proto_name(version),
-            status: status.as_u16(),
-            duration_ms: 0.0,
-            peer: info.peer,
-            attempts: info.attempts,
-            bytes_in: 0,
-            bytes_out: 0,
-            origin,
-            cause,
-            reason,
-            incomplete: false,
-        },
+        record,
         bytes_in,
         _in_flight: in_flight,
     };
@@ -125,7 +128,8 @@ pub async fn handle(
 struct Done {
     shared: Arc<Shared>,
     start: Instant,
-    record: Record,
+    /// `None` when the access log is off.
+    record: Option<Record>,
     bytes_in: Arc<AtomicU64>,
     _in_flight: InFlight,
 }
@@ -135,10 +139,11 @@ impl OnDone for Done {
         let Done {
             shared,
             start,
-            mut record,
+            record,
             bytes_in,
             ..
         } = *self;
+        let Some(mut record) = record else { return };
         record.duration_ms = (start.elapsed().as_secs_f64() * 1e6).round() / 1e3;
         record.bytes_out = bytes;
         record.bytes_in = bytes_in.load(Ordering::Relaxed);

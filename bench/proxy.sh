@@ -1,0 +1,414 @@
+#!/usr/bin/env bash
+# Proxy benchmark: one small-response backend, driven by wrk directly, through upkeep, through
+# nginx and through HAProxy, with the same threads, connections and duration for every target.
+# Prints req/s, p50, p99, the proxy's CPU time per request, and the ratios of each row to
+# direct and to nginx (upkeep/direct, upkeep/nginx).
+#
+# Usage: bench/proxy.sh            (from the repository root; see docs/benchmarks.md)
+# Settings (environment):
+#   BENCH_DURATION     measured wrk run per target         (default 10s)
+#   BENCH_WARMUP       unmeasured wrk run before each one  (default 2s)
+#   BENCH_THREADS      wrk threads                         (default 2)
+#   BENCH_CONNECTIONS  wrk connections                     (default 64)
+#   BENCH_TARGETS      rows to run, in order (default: direct upkeep upkeep-log nginx nginx-log haproxy)
+#   BENCH_UPKEEP_WORKERS  space-separated tokio worker counts; adds one upkeep row per count
+#                         (default: none, upkeep runs with the runtime's default)
+#   UPKEEP             upkeep binary (default: target/release/upkeep under CARGO_TARGET_DIR,
+#                      built with `cargo build --release -p upkeep` when missing)
+#   NGINX, HAPROXY, WRK  binaries (default: from PATH, then /usr/sbin)
+#   BENCH_KEEP=1       keep the temporary directory (configs, logs, raw wrk output)
+# upkeep inherits the environment, so e.g. TOKIO_WORKER_THREADS set here applies to every
+# upkeep row.
+set -euo pipefail
+
+DURATION=${BENCH_DURATION:-10s}
+WARMUP=${BENCH_WARMUP:-2s}
+THREADS=${BENCH_THREADS:-2}
+CONNECTIONS=${BENCH_CONNECTIONS:-64}
+TARGETS=${BENCH_TARGETS:-direct upkeep upkeep-log nginx nginx-log haproxy}
+for n in ${BENCH_UPKEEP_WORKERS:-}; do
+    TARGETS="$TARGETS upkeep-w$n"
+done
+
+failed=0
+die() {
+    echo "bench: $*" >&2
+    failed=1
+    exit 1
+}
+
+find_bin() {
+    local name=$1
+    command -v "$name" 2>/dev/null && return 0
+    [[ -x /usr/sbin/$name ]] && echo "/usr/sbin/$name" && return 0
+    return 1
+}
+
+WRK=${WRK:-$(find_bin wrk)} || die "wrk not found (Debian: apt-get install wrk)"
+NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx-light)"
+HAPROXY=${HAPROXY:-$(find_bin haproxy)} || die "haproxy not found (Debian: apt-get install haproxy)"
+command -v curl >/dev/null || die "curl not found"
+command -v ss >/dev/null && command -v pgrep >/dev/null || die "ss or pgrep not found (Debian: apt-get install iproute2 procps)"
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ -z ${UPKEEP:-} ]]; then
+    UPKEEP=${CARGO_TARGET_DIR:-$repo/target}/release/upkeep
+    if [[ ! -x $UPKEEP ]]; then
+        echo "bench: building upkeep (cargo build --release -p upkeep)" >&2
+        (cd "$repo" && cargo build --release -p upkeep) || die "build failed"
+    fi
+fi
+[[ -x $UPKEEP ]] || die "upkeep binary not found at $UPKEEP"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/upkeep-bench.XXXXXX")
+declare -a pids=()
+
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    # A failed run keeps its directory: the error message points at the logs in it.
+    if [[ ${BENCH_KEEP:-0} == 1 || $failed == 1 ]]; then
+        echo "bench: kept $work" >&2
+    else
+        rm -rf "$work"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_port VAR: a free loopback port in VAR, picked at random from 10000-32767 (below Linux's
+# ephemeral range, so an outgoing connection cannot take it between this check and the bind)
+# among those no socket uses, TIME-WAIT included, and this run has not handed out yet. It
+# sets VAR rather than printing, so `taken` survives (no subshell).
+declare -A taken=()
+free_port() {
+    local p i
+    for i in $(seq 1 200); do
+        p=$((10000 + RANDOM % 22768))
+        [[ -n ${taken[$p]:-} ]] && continue
+        if ! ss -Htan "( sport = :$p )" | grep -q .; then
+            taken[$p]=1
+            printf -v "$1" '%s' "$p"
+            return 0
+        fi
+    done
+    die "no free port found"
+}
+
+# Waits until http://127.0.0.1:PORT/ answers 200 with body "ok" (so a proxy really reaches the
+# backend before it is measured); fails after 10 s or when the last started process exits.
+wait_ok() {
+    local port=$1 name=$2 i body
+    for i in $(seq 1 100); do
+        kill -0 "${pids[-1]}" 2>/dev/null || die "$name exited at start-up (logs in $work/)"
+        body=$(curl -s --max-time 1 "http://127.0.0.1:$port/" 2>/dev/null || true)
+        [[ $body == ok ]] && return 0
+        sleep 0.1
+    done
+    die "$name on port $port did not answer 200 ok within 10 s (logs in $work)"
+}
+
+stop() {
+    local pid=$1 keep=() p
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${pids[@]}"; do
+        [[ $p != "$pid" ]] && keep+=("$p")
+    done
+    pids=("${keep[@]}")
+}
+
+# nginx refuses to start without writable temp paths; keep them all in the run's directory.
+nginx_common() {
+    local dir=$1
+    cat <<EOF
+daemon off;
+master_process on;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 4096; }
+EOF
+}
+
+nginx_http_common() {
+    local dir=$1
+    cat <<EOF
+    client_body_temp_path $dir/body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    # One request per connection setup is not what is measured: wrk and the proxies keep
+    # their connections for the whole run.
+    keepalive_requests 1000000;
+EOF
+}
+
+free_port backend_port
+start_backend() {
+    local dir=$work/backend
+    mkdir -p "$dir"
+    {
+        nginx_common "$dir"
+        # One worker: the backend must leave CPU for wrk and the proxy on a small machine.
+        echo "worker_processes 1;"
+        echo "http {"
+        nginx_http_common "$dir"
+        cat <<EOF
+    access_log off;
+    server {
+        listen 127.0.0.1:$backend_port;
+        location / { default_type text/plain; return 200 "ok"; }
+    }
+}
+EOF
+    } >"$dir/nginx.conf"
+    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    pids+=($!)
+    backend_pid=$!
+    wait_ok "$backend_port" "backend nginx"
+}
+
+# start_nginx DIR PORT LOG: nginx 1.22 as a reverse proxy with upstream keep-alive set up
+# the way its docs require (HTTP/1.1, cleared Connection header, keepalive pool).
+start_nginx() {
+    local dir=$1 port=$2 log=$3
+    mkdir -p "$dir"
+    local access="access_log off;"
+    [[ $log == on ]] && access="access_log $dir/access.log;"
+    {
+        nginx_common "$dir"
+        echo "worker_processes auto;"
+        echo "http {"
+        nginx_http_common "$dir"
+        cat <<EOF
+    $access
+    upstream backend {
+        server 127.0.0.1:$backend_port;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+    } >"$dir/nginx.conf"
+    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    pids+=($!)
+    wait_ok "$port" "nginx"
+}
+
+start_haproxy() {
+    local dir=$1 port=$2
+    mkdir -p "$dir"
+    cat >"$dir/haproxy.cfg" <<EOF
+global
+    nbthread 2
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    http-reuse always
+
+frontend fe
+    bind 127.0.0.1:$port
+    default_backend be
+
+backend be
+    server b1 127.0.0.1:$backend_port
+EOF
+    "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
+    pids+=($!)
+    wait_ok "$port" "haproxy"
+}
+
+# start_upkeep DIR PORT ADMIN LOG WORKERS
+start_upkeep() {
+    local dir=$1 port=$2 admin=$3 log=$4 workers=$5
+    mkdir -p "$dir"
+    local dest=off
+    [[ $log == on ]] && dest=$dir/access.log
+    if [[ -n $workers ]]; then
+        TOKIO_WORKER_THREADS=$workers "$UPKEEP" serve --listen "127.0.0.1:$port" \
+            --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
+            --access-log "$dest" --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
+    else
+        "$UPKEEP" serve --listen "127.0.0.1:$port" \
+            --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
+            --access-log "$dest" --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
+    fi
+    pids+=($!)
+    wait_ok "$port" "upkeep"
+}
+
+# Converts a wrk latency ("812.00us", "1.23ms", "1.01s", "2.00m") to milliseconds.
+to_ms() {
+    awk -v v="$1" 'BEGIN {
+        n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
+        if (u == "us") n /= 1000; else if (u == "s") n *= 1000; else if (u == "m") n *= 60000
+        printf "%.3f", n
+    }'
+}
+
+declare -A rps=() p50=() p99=() errs=() notes=() requests=() cpu=()
+
+# cpu_ticks PID: CPU time (user + system, clock ticks) used so far by PID, its threads and its
+# direct children (nginx workers).
+cpu_ticks() {
+    local pid=$1 p total=0 t
+    for p in "$pid" $(pgrep -P "$pid" || true); do
+        # Fields 14 and 15 of /proc/PID/stat; the command name (field 2) may hold spaces, so
+        # count from after its closing parenthesis.
+        t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || echo 0)
+        total=$((total + t))
+    done
+    echo "$total"
+}
+TICKS_PER_SEC=$(getconf CLK_TCK)
+
+# measure NAME PORT PID: warm-up run, then the measured run; parses wrk's --latency output and
+# charges the CPU time PID (the proxy, or the backend for `direct`) used to the requests served.
+# CPU per request depends less than req/s on what else the machine is running.
+measure() {
+    local name=$1 port=$2 pid=$3 out=$work/wrk-$1.txt c0 c1
+    "$WRK" -t "$THREADS" -c "$CONNECTIONS" -d "$WARMUP" "http://127.0.0.1:$port/" >"$out.warmup"
+    c0=$(cpu_ticks "$pid")
+    "$WRK" -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency \
+        "http://127.0.0.1:$port/" >"$out"
+    c1=$(cpu_ticks "$pid")
+    local n
+    n=$(awk '/requests in/ { print $1 }' "$out")
+    cpu[$name]=$(awk -v t=$((c1 - c0)) -v hz="$TICKS_PER_SEC" -v n="$n" \
+        'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }')
+    rps[$name]=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+    p50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
+    p99[$name]=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")")
+    # Socket errors and non-2xx answers: a fast run full of errors is not a result.
+    local socket non2xx
+    socket=$(awk '/Socket errors:/ { gsub(",", ""); print $4 + $6 + $8 + $10 }' "$out")
+    non2xx=$(awk '/Non-2xx or 3xx responses:/ { print $5 }' "$out")
+    errs[$name]=$((${socket:-0} + ${non2xx:-0}))
+    # Every request this target saw (warm-up, measured run, the readiness check), to compare
+    # with its access-log line count.
+    requests[$name]=$(cat "$out.warmup" "$out" | awk '/requests in/ { s += $1 } END { print s + 1 }')
+}
+
+# After an upkeep run: how many upstream connections it opened and reused (keep-alive
+# working is part of the result), and whether the access log kept every line.
+upkeep_notes() {
+    local name=$1 admin=$2 dir=$3 log=$4 m new reused lines
+    m=$(curl -s --max-time 2 "http://127.0.0.1:$admin/metrics" || true)
+    new=$(awk '/^upkeep_pool_connections_total/ && /event="new"/ { s += $NF } END { print s + 0 }' <<<"$m")
+    reused=$(awk '/^upkeep_pool_connections_total/ && /event="reused"/ { s += $NF } END { print s + 0 }' <<<"$m")
+    notes[$name]="upstream conns new=$new reused=$reused"
+    if [[ $log == on ]]; then
+        lines=$(wc -l <"$dir/access.log")
+        notes[$name]+="; access log lines=$lines of ${requests[$name]} requests"
+    fi
+}
+
+nginx_notes() {
+    local name=$1 dir=$2 log=$3
+    if [[ $log == on ]]; then
+        notes[$name]="access log lines=$(wc -l <"$dir/access.log") of ${requests[$name]} requests"
+    fi
+}
+
+run_target() {
+    local t=$1 port admin dir=$work/$1
+    case $t in
+    direct)
+        measure direct "$backend_port" "$backend_pid"
+        ;;
+    upkeep | upkeep-log | upkeep-w*)
+        free_port port
+        free_port admin
+        local log=off workers=
+        [[ $t == upkeep-log ]] && log=on
+        [[ $t == upkeep-w* ]] && workers=${t#upkeep-w}
+        start_upkeep "$dir" "$port" "$admin" "$log" "$workers"
+        measure "$t" "$port" "${pids[-1]}"
+        upkeep_notes "$t" "$admin" "$dir" "$log"
+        stop "${pids[-1]}"
+        ;;
+    nginx | nginx-log)
+        free_port port
+        local log=off
+        [[ $t == nginx-log ]] && log=on
+        start_nginx "$dir" "$port" "$log"
+        measure "$t" "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        nginx_notes "$t" "$dir" "$log"
+        ;;
+    haproxy)
+        free_port port
+        start_haproxy "$dir" "$port"
+        measure haproxy "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        ;;
+    *) die "unknown target $t" ;;
+    esac
+}
+
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'
+}
+
+# Everything shares the machine's CPUs: other load skews req/s and latency (CPU per request
+# less), so say how idle the machine was before starting.
+idle_pct() {
+    local a b
+    a=($(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat))
+    sleep 1
+    b=($(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat))
+    awk -v i=$((b[0] - a[0])) -v t=$((b[1] - a[1])) 'BEGIN { if (t > 0) printf "%d", 100 * i / t; else print 0 }'
+}
+idle=$(idle_pct)
+echo "bench: machine idle before the run: $idle% (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+if ((idle < 90)); then
+    echo "bench: warning: other processes are using the CPUs; figures will be lower and noisier" >&2
+fi
+echo "bench: wrk -t$THREADS -c$CONNECTIONS -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs"
+echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
+start_backend
+for t in $TARGETS; do
+    echo "bench: running $t" >&2
+    run_target "$t"
+done
+
+# The nginx row a target is compared with: same access-log setting (HAProxy logs nothing here).
+nginx_ref() {
+    case $1 in
+    *-log) echo nginx-log ;;
+    *) echo nginx ;;
+    esac
+}
+
+printf '\n%-12s %10s %8s %8s %6s %7s %10s %10s %9s %9s %9s  %s\n' \
+    target req/s p50_ms p99_ms errors cpu_us rps/direct p99/direct rps/nginx p99/nginx cpu/nginx notes
+for t in $TARGETS; do
+    ref=$(nginx_ref "$t")
+    printf '%-12s %10s %8s %8s %6s %7s %10s %10s %9s %9s %9s  %s\n' "$t" "${rps[$t]}" "${p50[$t]}" \
+        "${p99[$t]}" "${errs[$t]}" "${cpu[$t]}" \
+        "$(ratio "${rps[$t]}" "${rps[direct]:-}")" "$(ratio "${p99[$t]}" "${p99[direct]:-}")" \
+        "$(ratio "${rps[$t]}" "${rps[$ref]:-}")" "$(ratio "${p99[$t]}" "${p99[$ref]:-}")" \
+        "$(ratio "${cpu[$t]}" "${cpu[$ref]:-}")" "${notes[$t]:-}"
+done
+echo
+echo "cpu_us: CPU microseconds (user + system) the proxy spent per request; for direct, the backend's."
+echo "ratios: rps/x > 1, p99/x < 1 and cpu/x < 1 mean better than x; each row compares with the"
+echo "nginx row that has the same access-log setting (upkeep-log with nginx-log)."
