@@ -11,14 +11,12 @@
 #   BENCH_THREADS      wrk threads                         (default 2)
 #   BENCH_CONNECTIONS  wrk connections                     (default 64)
 #   BENCH_TARGETS      rows to run, in order (default: direct upkeep upkeep-log nginx nginx-log haproxy)
-#   BENCH_UPKEEP_WORKERS  space-separated tokio worker counts; adds one upkeep row per count
-#                         (default: none, upkeep runs with the runtime's default)
+#   BENCH_UPKEEP_WORKERS  space-separated `--workers` counts; adds one upkeep row per count
+#                         (default: none, upkeep runs with one serving thread per CPU)
 #   UPKEEP             upkeep binary (default: target/release/upkeep under CARGO_TARGET_DIR,
 #                      built with `cargo build --release -p upkeep` when missing)
 #   NGINX, HAPROXY, WRK  binaries (default: from PATH, then /usr/sbin)
 #   BENCH_KEEP=1       keep the temporary directory (configs, logs, raw wrk output)
-# upkeep inherits the environment, so e.g. TOKIO_WORKER_THREADS set here applies to every
-# upkeep row.
 set -euo pipefail
 
 DURATION=${BENCH_DURATION:-10s}
@@ -242,15 +240,11 @@ start_upkeep() {
     mkdir -p "$dir"
     local dest=off
     [[ $log == on ]] && dest=$dir/access.log
-    if [[ -n $workers ]]; then
-        TOKIO_WORKER_THREADS=$workers "$UPKEEP" serve --listen "127.0.0.1:$port" \
-            --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
-            --access-log "$dest" --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
-    else
-        "$UPKEEP" serve --listen "127.0.0.1:$port" \
-            --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
-            --access-log "$dest" --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
-    fi
+    local extra=()
+    [[ -n $workers ]] && extra=(--workers "$workers")
+    "$UPKEEP" serve --listen "127.0.0.1:$port" \
+        --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
+        --access-log "$dest" --log-level warn "${extra[@]}" >"$dir/stdout" 2>"$dir/stderr" &
     pids+=($!)
     wait_ok "$port" "upkeep"
 }

@@ -31,8 +31,8 @@ pub struct ServeArgs {
     /// Access log: `-` (stdout), `off`, or a file path.
     #[arg(long, value_name = "DEST")]
     pub access_log: Option<String>,
-    /// Runtime worker threads (default: one per CPU). 1 runs a single-threaded runtime,
-    /// the cheapest per request when upkeep shares few cores with other work.
+    /// Serving threads, each with its own single-threaded runtime and its own copy of every
+    /// listener (SO_REUSEPORT). Default: one per CPU.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Diagnostics level on stderr: error, warn, info, debug, trace.
@@ -160,11 +160,18 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             p => config::AccessLog::File(PathBuf::from(p)),
         };
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let workers = match args.workers {
+        Some(0) => anyhow::bail!("--workers must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    // The control runtime (signals, discovery, checks, admin) is small; serving threads are
+    // separate (see server::start_workers).
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(crate::server::run(cfg, args.config.clone()))?;
+    rt.block_on(crate::server::run(cfg, args.config.clone(), workers))?;
     Ok(ExitCode::SUCCESS)
 }
 

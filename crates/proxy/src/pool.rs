@@ -79,10 +79,26 @@ struct Idle {
     deadline: Instant,
 }
 
+thread_local! {
+    /// Which serving worker this thread is (0: not a dedicated worker). Each worker runs its
+    /// own single-threaded runtime, and a connection is reused only by the worker whose
+    /// runtime drives it, so a reuse never hops threads.
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the current thread as serving worker `id` (1-based).
+pub fn set_worker(id: usize) {
+    WORKER.with(|w| w.set(id));
+}
+
+fn worker() -> usize {
+    WORKER.with(|w| w.get())
+}
+
 /// Pooled connections per peer address.
 pub struct Pool {
     cfg: PoolConfig,
-    idle: Mutex<HashMap<SocketAddr, Vec<Idle>>>,
+    idle: Mutex<HashMap<(usize, SocketAddr), Vec<Idle>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -106,7 +122,13 @@ impl Pool {
 
     /// Idle connections per peer.
     pub fn idle_count(&self, peer: SocketAddr) -> usize {
-        self.idle.lock().unwrap().get(&peer).map_or(0, Vec::len)
+        self.idle
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((_, p), _)| *p == peer)
+            .map(|(_, l)| l.len())
+            .sum()
     }
 
     /// A live idle connection to `peer`, most recently used first; closed, expired and
@@ -116,7 +138,7 @@ impl Pool {
         let mut discarded = Vec::new();
         let found = {
             let mut idle = self.idle.lock().unwrap();
-            let list = idle.get_mut(&peer)?;
+            let list = idle.get_mut(&(worker(), peer))?;
             let mut found = None;
             while let Some(entry) = list.pop() {
                 self.metrics.pool_idle.dec();
@@ -194,7 +216,7 @@ impl Pool {
         let mut evicted = None;
         {
             let mut idle = self.idle.lock().unwrap();
-            let list = idle.entry(conn.peer).or_default();
+            let list = idle.entry((worker(), conn.peer)).or_default();
             if list.len() >= self.cfg.max_idle_per_peer {
                 evicted = Some(list.remove(0));
                 self.metrics.pool_idle.dec();

@@ -91,17 +91,37 @@ pub fn reload(shared: &Shared) -> Result<(), String> {
     Ok(())
 }
 
-/// Binds every listener and starts serving.
-pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Running, StartError> {
+/// Binds every listener and starts serving with `workers` dedicated serving threads (see
+/// `start_workers`).
+pub async fn start(
+    config: Config,
+    config_path: Option<PathBuf>,
+    workers: usize,
+) -> Result<Running, StartError> {
     let access_log = AccessLogger::start(&config.access_log).map_err(StartError::AccessLog)?;
-    start_with(config, config_path, access_log).await
+    start_workers(config, config_path, access_log, workers).await
 }
 
-/// Like `start`, with a given access logger.
+/// Like `start`, serving on the current runtime, with a given access logger.
 pub async fn start_with(
     config: Config,
     config_path: Option<PathBuf>,
     access_log: AccessLogger,
+) -> Result<Running, StartError> {
+    start_workers(config, config_path, access_log, 0).await
+}
+
+/// Binds every listener and starts serving. With `workers` = 0, connections are served on
+/// the current runtime. With `workers` = N, each listener is bound N times with
+/// SO_REUSEPORT and each copy is served by its own thread running a single-threaded runtime
+/// (the kernel spreads connections; a request never hops threads, and each worker reuses
+/// only its own pooled connections). Discovery, checks and the admin listener stay on the
+/// current runtime.
+pub async fn start_workers(
+    config: Config,
+    config_path: Option<PathBuf>,
+    access_log: AccessLogger,
+    workers: usize,
 ) -> Result<Running, StartError> {
     let metrics = Metrics::new();
     let config = Arc::new(config);
@@ -112,16 +132,18 @@ pub async fn start_with(
             what: "admin",
             source,
         })?;
-    let mut bound = Vec::new();
+    let copies = workers.max(1);
+    let mut bound: Vec<(
+        Vec<std::net::TcpListener>,
+        Arc<crate::config::ListenerConfig>,
+    )> = Vec::new();
     for l in &config.listeners {
-        let tl = TcpListener::bind(l.listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: l.listen,
-                what: "listener",
-                source,
-            })?;
-        bound.push((tl, Arc::new(l.clone())));
+        let socks = bind_copies(l.listen, copies).map_err(|source| StartError::Bind {
+            addr: l.listen,
+            what: "listener",
+            source,
+        })?;
+        bound.push((socks, Arc::new(l.clone())));
     }
     let shared = Shared::new(metrics, access_log, config_path, config.clone());
     let state = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
@@ -136,7 +158,7 @@ pub async fn start_with(
         })?;
     let listeners: Vec<SocketAddr> = bound
         .iter()
-        .filter_map(|(l, _)| l.local_addr().ok())
+        .filter_map(|(l, _)| l[0].local_addr().ok())
         .collect();
     let (stop_tx, stop_rx) = watch::channel(false);
     let (close_tx, close_rx) = watch::channel(false);
@@ -145,15 +167,38 @@ pub async fn start_with(
         close_idle: close_rx,
     };
     let tracker = TaskTracker::new();
-    let mut accept_tasks = Vec::new();
-    for (tl, cfg) in bound {
-        accept_tasks.push(tokio::spawn(accept_loop(
-            tl,
-            cfg,
-            shared.clone(),
-            signals.clone(),
-            tracker.clone(),
-        )));
+    let mut accept_done: Vec<tokio::sync::oneshot::Receiver<()>> = Vec::new();
+    if workers == 0 {
+        for (mut socks, cfg) in bound {
+            let tl = TcpListener::from_std(socks.remove(0)).map_err(|source| StartError::Bind {
+                addr: cfg.listen,
+                what: "listener",
+                source,
+            })?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            accept_done.push(rx);
+            let (shared, signals, tracker) = (shared.clone(), signals.clone(), tracker.clone());
+            tokio::spawn(async move {
+                accept_loop(tl, cfg, shared, signals, tracker).await;
+                let _ = tx.send(());
+            });
+        }
+    } else {
+        let mut per_worker: Vec<Vec<_>> = (0..workers).map(|_| Vec::new()).collect();
+        for (socks, cfg) in bound {
+            for (i, sock) in socks.into_iter().enumerate() {
+                per_worker[i].push((sock, cfg.clone()));
+            }
+        }
+        for (i, mine) in per_worker.into_iter().enumerate() {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            accept_done.push(rx);
+            let (shared, signals, tracker) = (shared.clone(), signals.clone(), tracker.clone());
+            std::thread::Builder::new()
+                .name(format!("upkeep-worker-{}", i + 1))
+                .spawn(move || serve_worker(i + 1, mine, shared, signals, tracker, tx))
+                .map_err(|e| StartError::State(format!("starting worker threads: {e}")))?;
+        }
     }
     shared.set_listeners_bound();
     let reload_shared = shared.clone();
@@ -189,8 +234,8 @@ pub async fn start_with(
         );
         tokio::time::sleep(lc.drain_delay).await;
         let _ = stop_tx.send(true);
-        for t in accept_tasks {
-            let _ = t.await;
+        for done in accept_done {
+            let _ = done.await;
         }
         let _ = close_tx.send(true);
         tracker.close();
@@ -211,6 +256,72 @@ pub async fn start_with(
         control,
         task,
     })
+}
+
+/// Binds `n` sockets to `addr` with SO_REUSEPORT (the first one picks the port when it is 0).
+fn bind_copies(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Socket, Type};
+    let mut addr = addr;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        s.set_reuse_address(true)?;
+        if n > 1 {
+            s.set_reuse_port(true)?;
+        }
+        s.set_nonblocking(true)?;
+        s.bind(&addr.into())?;
+        s.listen(1024)?;
+        if i == 0 {
+            addr = s.local_addr()?.as_socket().unwrap_or(addr);
+        }
+        out.push(s.into());
+    }
+    Ok(out)
+}
+
+/// One serving worker: a single-threaded runtime that accepts and serves its copies of the
+/// listeners, and lives until every tracked connection has finished.
+fn serve_worker(
+    id: usize,
+    listeners: Vec<(std::net::TcpListener, Arc<crate::config::ListenerConfig>)>,
+    shared: Arc<Shared>,
+    signals: Signals,
+    tracker: TaskTracker,
+    done: tokio::sync::oneshot::Sender<()>,
+) {
+    crate::pool::set_worker(id);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "worker runtime failed to start");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let mut loops = Vec::new();
+        for (sock, cfg) in listeners {
+            match TcpListener::from_std(sock) {
+                Ok(l) => loops.push(tokio::spawn(accept_loop(
+                    l,
+                    cfg,
+                    shared.clone(),
+                    signals.clone(),
+                    tracker.clone(),
+                ))),
+                Err(e) => tracing::error!(error = %e, "listener could not join the worker runtime"),
+            }
+        }
+        for l in loops {
+            let _ = l.await;
+        }
+        let _ = done.send(());
+        // Connections accepted here are driven by this runtime: keep it until they end.
+        tracker.wait().await;
+    });
 }
 
 /// Keeps the degraded gauges of optional groups fresh, and warns once a degradation has
@@ -247,9 +358,13 @@ async fn degraded_monitor(shared: Arc<Shared>) {
 }
 
 /// Runs until SIGTERM/SIGINT (drain) with SIGHUP reloading.
-pub async fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), StartError> {
+pub async fn run(
+    config: Config,
+    config_path: Option<PathBuf>,
+    workers: usize,
+) -> Result<(), StartError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let running = start(config, config_path).await?;
+    let running = start(config, config_path, workers).await?;
     let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
     let mut hup = signal(SignalKind::hangup()).expect("installing SIGHUP handler");
