@@ -45,8 +45,13 @@ async fn wait_usable(up: &upkeep_proxy::server::Running) {
     panic!("group never became usable");
 }
 
-/// NXDOMAIN (or NODATA) for 3 s under load: no request fails, the peers are kept and shown stale.
-async fn negative_answer_keeps_peers(mode: Mode, label: &str) {
+/// One backend behind one name, and 5 s of load at 100 req/s that has been running for 1 s.
+async fn one_name_under_load() -> (
+    TestBackend,
+    FakeDns,
+    upkeep_proxy::server::Running,
+    tokio::task::JoinHandle<upkeep_test_support::load::Run>,
+) {
     let port = free_port();
     let backend = TestBackend::start_on(SocketAddr::new(ip("127.0.0.2"), port), "dc").await;
     let dns = dns(Mode::Fixed(vec![ip("127.0.0.2")])).await;
@@ -65,6 +70,12 @@ async fn negative_answer_keeps_peers(mode: Mode, label: &str) {
         Duration::from_secs(5),
     ));
     tokio::time::sleep(Duration::from_secs(1)).await;
+    (backend, dns, up, load)
+}
+
+/// NXDOMAIN (or NODATA) for 3 s under load: no request fails, the peers are kept and shown stale.
+async fn negative_answer_keeps_peers(mode: Mode, label: &str) {
+    let (backend, dns, up, load) = one_name_under_load().await;
     dns.set_mode(NAME, mode);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let view: serde_json::Value =
@@ -103,24 +114,7 @@ async fn nodata_keeps_last_known_good_peers() {
 /// SERVFAIL or silence for 3 s: no request fails, and upkeep keeps asking (short backoff,
 /// not one query per long TTL as nginx does).
 async fn dns_failure_keeps_peers(mode: Mode) {
-    let port = free_port();
-    let _backend = TestBackend::start_on(SocketAddr::new(ip("127.0.0.2"), port), "dc").await;
-    let dns = dns(Mode::Fixed(vec![ip("127.0.0.2")])).await;
-    let up = upkeep(&named_config(
-        dns.local_addr(),
-        &[format!("{NAME}:{port}")],
-        "",
-    ))
-    .await;
-    wait_usable(&up).await;
-    let load = tokio::spawn(open_loop(
-        up.listeners[0],
-        Method::GET,
-        "/",
-        100,
-        Duration::from_secs(5),
-    ));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_backend, dns, up, load) = one_name_under_load().await;
     let before = dns.queries().len();
     dns.set_mode(NAME, mode);
     tokio::time::sleep(Duration::from_secs(3)).await;
