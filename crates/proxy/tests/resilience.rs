@@ -114,7 +114,7 @@ async fn nodata_keeps_last_known_good_peers() {
 /// SERVFAIL or silence for 3 s: no request fails, and upkeep keeps asking (short backoff,
 /// not one query per long TTL as nginx does).
 async fn dns_failure_keeps_peers(mode: Mode) {
-    let (_backend, dns, up, load) = one_name_under_load().await;
+    let (_backend, dns, _up, load) = one_name_under_load().await;
     let before = dns.queries().len();
     dns.set_mode(NAME, mode);
     tokio::time::sleep(Duration::from_secs(3)).await;
