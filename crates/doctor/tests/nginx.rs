@@ -61,7 +61,10 @@ fn debian_installed_config_gives_zero_findings_when_present() {
     let main = Path::new("/etc/nginx/nginx.conf");
     if !main.is_file() {
         // .ci/run installs nginx; there a missing config is a failure, not a skip.
-        assert!(std::env::var_os("CI").is_none(), "nginx is installed by .ci/run");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "nginx is installed by .ci/run"
+        );
         eprintln!("skipped: /etc/nginx/nginx.conf is not installed on this machine");
         return;
     }

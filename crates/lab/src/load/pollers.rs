@@ -1,0 +1,102 @@
+//! Keep-alive pollers: each reuses one connection and idles between requests, which is what
+//! exposes the race between a reusing side's pool and a server's idle close.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::{connect, exchange, ClientError, LoadResult, LoadSpec, RequestRecord, Target};
+
+pub(super) async fn run(
+    spec: &LoadSpec,
+    target: Target,
+    count: usize,
+    idle_min: Duration,
+    idle_max: Duration,
+    t0: Instant,
+) -> LoadResult {
+    let started = SystemTime::now() + t0.saturating_duration_since(Instant::now());
+    tokio::time::sleep_until(t0).await;
+    let spec = Arc::new(spec.clone());
+    let target = Arc::new(target);
+    let mut tasks = Vec::new();
+    for n in 0..count.max(1) {
+        let spec = spec.clone();
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            // Stagger the pollers so they do not move in lock step.
+            let offset = idle_max.mul_f64(n as f64 / count.max(1) as f64);
+            tokio::time::sleep(offset.min(spec.duration)).await;
+            poll_loop(&spec, &target, t0, idle_min, idle_max).await
+        }));
+    }
+    let mut records = Vec::new();
+    for t in tasks {
+        if let Ok(mut r) = t.await {
+            records.append(&mut r);
+        }
+    }
+    records.sort_by_key(|r| r.scheduled);
+    for (i, r) in records.iter_mut().enumerate() {
+        r.seq = i as u64;
+    }
+    LoadResult { started, records }
+}
+
+async fn poll_loop(
+    spec: &LoadSpec,
+    target: &Target,
+    t0: Instant,
+    idle_min: Duration,
+    idle_max: Duration,
+) -> Vec<RequestRecord> {
+    let mut out = Vec::new();
+    let mut conn = None;
+    while t0.elapsed() < spec.duration {
+        let due = t0.elapsed();
+        let sent = Instant::now();
+        // A sane client drops a connection it already saw closed; only a close that crosses
+        // the request on the wire is left, which is the race itself.
+        conn = conn.filter(|s: &hyper::client::conn::http1::SendRequest<_>| !s.is_closed());
+        let reused = conn.is_some();
+        let outcome = tokio::time::timeout(spec.timeout, async {
+            let sender = match conn.take() {
+                Some(s) => s,
+                None => connect(&target.connect).await?,
+            };
+            exchange(sender, spec, target, false).await
+        })
+        .await;
+        let mut record = RequestRecord {
+            seq: 0,
+            scheduled: due,
+            send_lag: Duration::ZERO,
+            latency: sent.elapsed(),
+            status: None,
+            error: None,
+            backend: None,
+            cause: None,
+            reused,
+        };
+        match outcome {
+            Err(_) => record.error = Some(ClientError::Timeout),
+            Ok(Err(e)) => record.error = Some(e),
+            Ok(Ok((reply, sender))) => {
+                record.status = Some(reply.status);
+                record.backend = reply.backend;
+                record.cause = reply.cause;
+                conn = sender;
+            }
+        }
+        out.push(record);
+        let idle = if idle_max > idle_min {
+            rand::rng().random_range(idle_min..=idle_max)
+        } else {
+            idle_min
+        };
+        tokio::time::sleep(idle).await;
+    }
+    out
+}

@@ -1,0 +1,134 @@
+use super::*;
+use crate::backend::{Backend, Fault};
+
+#[test]
+fn schedule_spaces_requests_one_over_rate_apart() {
+    let due: Vec<_> = schedule(200.0, Duration::from_secs(2)).collect();
+    assert_eq!(due.len(), 400);
+    assert_eq!(due[0], Duration::ZERO);
+    assert_eq!(due[1], Duration::from_millis(5));
+    assert_eq!(due[399], Duration::from_millis(1995));
+}
+
+#[test]
+fn schedule_rounds_a_partial_last_slot_up() {
+    assert_eq!(schedule(3.0, Duration::from_millis(500)).count(), 2);
+}
+
+fn spec(url: &str, mode: LoadMode, rate: f64, ms: u64) -> LoadSpec {
+    LoadSpec {
+        url: url.parse().unwrap(),
+        method: Method::GET,
+        rate,
+        duration: Duration::from_millis(ms),
+        mode,
+        timeout: Duration::from_millis(400),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_keeps_sending_while_every_request_is_stuck() {
+    let b = Backend::start("127.0.0.1:0".parse().unwrap(), "stuck")
+        .await
+        .unwrap();
+    b.set_fault(Fault::Stall);
+    let url = format!("http://{}/", b.local_addr());
+    let result = run(&spec(&url, LoadMode::NewConnection, 200.0, 500), false)
+        .await
+        .unwrap();
+    // All 100 requests left on schedule although none was ever answered.
+    assert_eq!(result.records.len(), 100);
+    assert!(result
+        .records
+        .iter()
+        .all(|r| r.error == Some(ClientError::Timeout)));
+    let stats = LoadStats::of(&result.records);
+    assert!(
+        stats.lag_p99_ms < 20.0,
+        "send lag p99 {} ms",
+        stats.lag_p99_ms
+    );
+    assert_eq!(b.accepted(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_mode_reuses_connections_and_names_the_backend() {
+    let b = Backend::start("127.0.0.1:0".parse().unwrap(), "dc1")
+        .await
+        .unwrap();
+    let url = format!("http://{}/", b.local_addr());
+    let result = run(&spec(&url, LoadMode::Pooled, 100.0, 300), false)
+        .await
+        .unwrap();
+    assert_eq!(result.records.len(), 30);
+    assert!(result.records.iter().all(|r| r.status == Some(200)));
+    assert!(result
+        .records
+        .iter()
+        .all(|r| r.backend.as_deref() == Some("dc1")));
+    assert!(result.records.iter().any(|r| r.reused));
+    assert!(b.accepted() < 30, "accepted {} connections", b.accepted());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connects_are_recorded_as_refused() {
+    let b = Backend::start("127.0.0.1:0".parse().unwrap(), "dc1")
+        .await
+        .unwrap();
+    let addr = b.local_addr();
+    b.shutdown().await;
+    let url = format!("http://{addr}/");
+    let result = run(&spec(&url, LoadMode::NewConnection, 50.0, 100), false)
+        .await
+        .unwrap();
+    assert!(!result.records.is_empty());
+    assert!(result
+        .records
+        .iter()
+        .all(|r| r.error == Some(ClientError::Refused)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_reconnect_after_the_server_closed_an_idle_connection() {
+    let b = Backend::start("127.0.0.1:0".parse().unwrap(), "node")
+        .await
+        .unwrap();
+    b.set_keepalive(Some(Duration::from_millis(100)), Some(5));
+    let url = format!("http://{}/", b.local_addr());
+    let mode = LoadMode::Pollers {
+        count: 2,
+        idle_min: Duration::from_millis(200),
+        idle_max: Duration::from_millis(250),
+    };
+    let result = run(&spec(&url, mode, 1.0, 1000), false).await.unwrap();
+    assert!(result.records.len() >= 4);
+    assert!(
+        result.records.iter().all(|r| r.status == Some(200)),
+        "{:?}",
+        result.records
+    );
+    // Each idle outlived the server's close, so no connection was ever reused.
+    assert!(result.records.iter().all(|r| !r.reused));
+    assert_eq!(b.accepted() as usize, result.records.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_reuse_a_connection_the_server_keeps() {
+    let b = Backend::start("127.0.0.1:0".parse().unwrap(), "dc1")
+        .await
+        .unwrap();
+    let url = format!("http://{}/", b.local_addr());
+    let mode = LoadMode::Pollers {
+        count: 1,
+        idle_min: Duration::from_millis(50),
+        idle_max: Duration::from_millis(50),
+    };
+    let result = run(&spec(&url, mode, 1.0, 400), false).await.unwrap();
+    assert!(result.records.len() >= 3);
+    assert!(result
+        .records
+        .iter()
+        .skip(1)
+        .all(|r| r.reused && r.status == Some(200)));
+    assert_eq!(b.accepted(), 1);
+}

@@ -1,0 +1,212 @@
+//! The fault timeline: applies each step at its time (or aligned to the target's next DNS
+//! query) and undoes it after its duration, recording when each fault really held.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use upkeep_fakedns::{FakeDns, Mode};
+
+use crate::backend::{Backend, DepState, Fault};
+use crate::scenario::{FaultSpec, Scenario};
+
+/// A fault as it was applied, in seconds from the start of the load.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FaultEvent {
+    /// What was done, e.g. `dc1 refuse` or `app.upkeep.test nxdomain`.
+    pub label: String,
+    /// When it took effect.
+    pub start_s: f64,
+    /// When it was undone (`None`: held to the end).
+    pub end_s: Option<f64>,
+}
+
+/// Everything the timeline can act on.
+#[derive(Clone)]
+pub struct Handles {
+    /// Backends by name.
+    pub backends: BTreeMap<String, Arc<Backend>>,
+    /// The fake DNS, if any.
+    pub dns: Option<Arc<FakeDns>>,
+    /// The target's PID, for signals.
+    pub target_pid: Option<u32>,
+}
+
+/// A running timeline.
+pub struct Timeline {
+    tasks: Vec<JoinHandle<()>>,
+    events: Arc<Mutex<Vec<FaultEvent>>>,
+}
+
+/// The fake DNS mode named `mode` answering with `addrs`.
+pub fn dns_mode(mode: &str, addrs: Vec<IpAddr>) -> Mode {
+    match mode {
+        "alternate" => Mode::Alternate(addrs),
+        "nxdomain" => Mode::NxDomain,
+        "nodata" => Mode::NoData,
+        "servfail" => Mode::ServFail,
+        "refused" => Mode::Refused,
+        "silent" => Mode::Silent,
+        _ => Mode::Fixed(addrs),
+    }
+}
+
+/// The addresses a scenario's DNS name answers with in its starting mode.
+pub fn name_addrs(scenario: &Scenario, name: &str) -> Vec<IpAddr> {
+    let Some(n) = scenario.dns_names.iter().find(|n| n.name == name) else {
+        return Vec::new();
+    };
+    n.backends
+        .iter()
+        .filter_map(|b| scenario.backends.iter().find(|s| &s.name == b))
+        .map(|b| IpAddr::V4(b.ip))
+        .collect()
+}
+
+impl Timeline {
+    /// Starts every step of `scenario`'s timeline relative to `t0`.
+    pub fn start(scenario: &Scenario, handles: Handles, t0: Instant) -> Timeline {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let tasks = scenario
+            .faults
+            .iter()
+            .map(|f| {
+                let f = f.clone();
+                let handles = handles.clone();
+                let events = events.clone();
+                let scenario = scenario.clone();
+                tokio::spawn(async move { step(&scenario, &f, &handles, t0, &events).await })
+            })
+            .collect();
+        Timeline { tasks, events }
+    }
+
+    /// Stops steps still waiting and returns what was applied, in start order.
+    pub fn finish(self) -> Vec<FaultEvent> {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let mut events = self
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        events.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        events
+    }
+}
+
+async fn step(
+    scenario: &Scenario,
+    f: &FaultSpec,
+    h: &Handles,
+    t0: Instant,
+    events: &Mutex<Vec<FaultEvent>>,
+) {
+    // Subscribe first so a query that lands while we sleep toward `at` is still seen.
+    let mut queries = match (&f.after_query, &h.dns) {
+        (Some(_), Some(dns)) => Some(dns.subscribe()),
+        _ => None,
+    };
+    tokio::time::sleep_until(t0 + f.at.unwrap_or_default()).await;
+    if let (Some(name), Some(rx)) = (&f.after_query, queries.as_mut()) {
+        let not_before = std::time::SystemTime::now();
+        loop {
+            match rx.recv().await {
+                Ok(q) if q.name == *name && q.at >= not_before => break,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        }
+        tokio::time::sleep(f.delay.unwrap_or_default()).await;
+    }
+    let label = apply(scenario, f, h, false);
+    let start_s = t0.elapsed().as_secs_f64();
+    let index = {
+        let mut ev = events.lock().unwrap_or_else(|e| e.into_inner());
+        ev.push(FaultEvent {
+            label,
+            start_s,
+            end_s: None,
+        });
+        ev.len() - 1
+    };
+    if let Some(lasts) = f.lasts {
+        tokio::time::sleep(lasts).await;
+        apply(scenario, f, h, true);
+        let end = t0.elapsed().as_secs_f64();
+        events.lock().unwrap_or_else(|e| e.into_inner())[index].end_s = Some(end);
+    }
+}
+
+/// Applies (or, with `undo`, reverts) one step; returns its label.
+fn apply(scenario: &Scenario, f: &FaultSpec, h: &Handles, undo: bool) -> String {
+    if let Some(name) = &f.backend {
+        let mut label = name.clone();
+        if let Some(b) = h.backends.get(name) {
+            if let Some(set) = &f.set {
+                let fault = if undo {
+                    Fault::None
+                } else {
+                    set.parse().unwrap_or_default()
+                };
+                b.set_fault(fault);
+                label.push_str(&format!(" {set}"));
+            }
+            if f.core.is_some() || f.optional.is_some() {
+                let dep = |d: &Option<String>| {
+                    if undo {
+                        DepState::Up
+                    } else {
+                        d.as_deref()
+                            .and_then(|d| d.parse().ok())
+                            .unwrap_or_default()
+                    }
+                };
+                b.set_deps(dep(&f.core), dep(&f.optional));
+                label.push_str(" deps");
+            }
+        }
+        return label;
+    }
+    if let (Some(name), Some(dns)) = (&f.dns, &h.dns) {
+        let mode = f.mode.as_deref().unwrap_or("fixed");
+        let addrs = name_addrs(scenario, name);
+        let m = if undo {
+            let start = scenario
+                .dns_names
+                .iter()
+                .find(|n| &n.name == name)
+                .map(|n| n.mode.as_str())
+                .unwrap_or("fixed");
+            dns_mode(start, addrs)
+        } else {
+            dns_mode(mode, addrs)
+        };
+        dns.set_mode(name, m);
+        return format!("{name} {mode}");
+    }
+    if let Some(sig) = &f.signal {
+        if !undo {
+            if let Some(pid) = h.target_pid {
+                let s = match sig.as_str() {
+                    "QUIT" => Signal::SIGQUIT,
+                    "INT" => Signal::SIGINT,
+                    "HUP" => Signal::SIGHUP,
+                    _ => Signal::SIGTERM,
+                };
+                let _ = kill(Pid::from_raw(pid as i32), s);
+            }
+        }
+        return format!("SIG{sig} to target");
+    }
+    "no-op".into()
+}
+
+#[cfg(test)]
+mod tests;
