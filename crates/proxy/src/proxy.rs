@@ -305,13 +305,14 @@ async fn send_with_retries(
         let peer = match group.pick(&tried) {
             Ok(p) => p,
             Err(reason) => {
-                // Every peer refused a connection: inside the connect retry window, wait a
-                // jittered 50-100 ms and go round again, so a short blip costs latency, not errors.
+                // Every peer refused a connection: inside the connect retry window, wait and
+                // go round again, so a short blip costs latency, not errors. One request at a
+                // time probes every 50-100 ms; the others wait for its success.
                 let only_connects = last.as_ref().is_some_and(ProxyError::is_connect);
                 if only_connects
                     && Instant::now() + Duration::from_millis(100) < window_end.min(deadline)
                 {
-                    // Not charged to the retry budget: these tries are paced by the backoff,
+                    // Not charged to the retry budget: these tries are paced by the probe,
                     // and a refused connect costs the upstream nothing.
                     retry_reason = None;
                     metrics
@@ -320,11 +321,7 @@ async fn send_with_retries(
                             reason: "connect_window",
                         })
                         .inc();
-                    tokio::time::sleep(crate::upstream::group::jitter(
-                        Duration::from_millis(50),
-                        Duration::from_millis(100),
-                    ))
-                    .await;
+                    group.connect_window_wait(window_end.min(deadline)).await;
                     tried.clear();
                     continue;
                 }
@@ -352,6 +349,7 @@ async fn send_with_retries(
         match attempt(group, &peer, out, deadline).await {
             Ok(resp) => {
                 group.record_success(&peer);
+                group.connect_window_recovered();
                 return Ok(resp);
             }
             Err(err) => {
@@ -367,17 +365,20 @@ async fn send_with_retries(
                 }
                 group.record_failure(&peer, weight);
                 tried.push(peer.addr());
+                // Idempotent requests are also retried after a reset before the response head
+                // and after a per-try timeout (a stalled peer), as nginx's
+                // `proxy_next_upstream error timeout` does.
                 let safe = err.is_connect()
                     || !err.is_written()
-                    || (idempotent && matches!(err.kind(), Kind::Reset));
+                    || (idempotent && matches!(err.kind(), Kind::Reset | Kind::Timeout));
                 let attempts_left = info.attempts < cfg.retry.attempts || err.is_connect();
                 if !safe || !out.replayable() || !attempts_left || Instant::now() >= deadline {
                     return Err(err);
                 }
-                retry_reason = Some(if err.is_connect() {
-                    "connect_failed"
-                } else {
-                    "upstream_reset"
+                retry_reason = Some(match err.kind() {
+                    Kind::Connect | Kind::ConnectTimeout => "connect_failed",
+                    Kind::Timeout => "upstream_timeout",
+                    _ => "upstream_reset",
                 });
                 last = Some(err);
             }

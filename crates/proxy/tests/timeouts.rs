@@ -90,6 +90,6 @@ async fn a_slow_upstream_gets_504_upstream_timeout_at_the_try_timeout() {
     assert_eq!(r.status, 504);
     assert_eq!(r.header("upkeep-error"), Some("upstream_timeout"));
     assert!(start.elapsed() < Duration::from_millis(2000));
-    // A timed-out attempt is not retried (the upstream may still be working on it).
+    // One peer: the timed-out GET has no other peer to go to, so one attempt reached it.
     assert_eq!(b.seen().len(), 1);
 }

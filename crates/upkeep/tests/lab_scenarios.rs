@@ -82,11 +82,9 @@ upkeep_has_no_errors! {
     upkeep_has_no_errors_through_6s_of_nodata => "dns-nodata-6s",
     upkeep_has_no_errors_through_10s_of_servfail => "dns-servfail-10s",
     upkeep_has_no_errors_through_10s_of_dns_silence => "dns-silent-10s",
-    #[ignore = "upkeep bug: with both names of its one host refusing for 2 s, requests held by connect_retry_window end in 504 upstream_timeout or pass the 3 s client timeout; remove this ignore when fixed"]
     upkeep_has_no_errors_with_two_names_for_one_host_and_2s_of_rst => "two-lines-one-host-rst",
     upkeep_has_no_errors_with_one_host_and_2s_of_rst => "one-host-rst",
     upkeep_has_no_errors_when_one_of_two_dcs_refuses_for_5s => "two-dc-one-refusing-5s",
-    #[ignore = "upkeep bug: an idempotent GET is not retried on another peer after a per-try timeout (nginx does, with proxy_next_upstream timeout), so a stalled DC costs 504 upstream_timeout; remove this ignore when fixed"]
     upkeep_has_no_errors_when_one_dc_is_blackholed => "one-dc-blackholed",
     upkeep_has_no_errors_in_the_keepalive_race_with_get => "keepalive-race-get",
     upkeep_has_no_errors_in_the_keepalive_race_with_post => "keepalive-race-post",

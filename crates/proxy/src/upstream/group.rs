@@ -65,6 +65,10 @@ pub struct Group {
     pub(crate) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     degraded_since: Mutex<Option<Instant>>,
     panic: std::sync::atomic::AtomicBool,
+    /// Connect-retry-window coordination: one prober at a time, the rest wait for it.
+    window_probing: std::sync::atomic::AtomicBool,
+    window_waiters: AtomicUsize,
+    window_recovered: tokio::sync::Notify,
     name_views: Mutex<std::collections::BTreeMap<usize, serde_json::Value>>,
 }
 
@@ -107,6 +111,9 @@ impl Group {
             tasks: Mutex::new(Vec::new()),
             degraded_since: Mutex::new(None),
             panic: std::sync::atomic::AtomicBool::new(false),
+            window_probing: std::sync::atomic::AtomicBool::new(false),
+            window_waiters: AtomicUsize::new(0),
+            window_recovered: tokio::sync::Notify::new(),
             name_views: Mutex::new(std::collections::BTreeMap::new()),
         });
         g.rebuild();
@@ -362,6 +369,59 @@ impl Group {
             })
         } else {
             None
+        }
+    }
+
+    /// Waits inside the connect retry window until this request should try to connect again.
+    /// One request at a time is the prober: it waits a jittered 50-100 ms and tries. The
+    /// others wait for a success (or re-check every 250 ms), so a blip of N held requests
+    /// costs about 15 connect attempts a second, not 15 x N.
+    pub async fn connect_window_wait(&self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            if !self.window_probing.swap(true, Ordering::AcqRel) {
+                // Released on drop too, so a cancelled prober never stalls the others.
+                struct Probing<'a>(&'a std::sync::atomic::AtomicBool);
+                impl Drop for Probing<'_> {
+                    fn drop(&mut self) {
+                        self.0.store(false, Ordering::Release);
+                    }
+                }
+                let _probing = Probing(&self.window_probing);
+                tokio::time::sleep(jitter(
+                    std::time::Duration::from_millis(50),
+                    std::time::Duration::from_millis(100),
+                ))
+                .await;
+                return;
+            }
+            self.window_waiters.fetch_add(1, Ordering::AcqRel);
+            let woken = tokio::time::timeout_at(
+                until.min(now + std::time::Duration::from_millis(250)),
+                self.window_recovered.notified(),
+            )
+            .await;
+            self.window_waiters.fetch_sub(1, Ordering::AcqRel);
+            if woken.is_ok() {
+                // Spread the herd over 50 ms: hundreds of SYNs at one instant overflow the
+                // peer's SYN backlog, and a dropped SYN costs a 1 s retransmit.
+                tokio::time::sleep(jitter(
+                    std::time::Duration::ZERO,
+                    std::time::Duration::from_millis(50),
+                ))
+                .await;
+                return;
+            }
+        }
+    }
+
+    /// A request succeeded: requests waiting in the connect retry window go now.
+    pub fn connect_window_recovered(&self) {
+        if self.window_waiters.load(Ordering::Acquire) > 0 {
+            self.window_recovered.notify_waiters();
         }
     }
 
