@@ -1,0 +1,275 @@
+//! Config templates. Every target gets the same timeouts and retry policy where it can
+//! express them (connect 1 s, per try 2 s, up to 3 tries), so rows compare proxies, not tuning.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use super::{Prepared, Rig};
+use crate::scenario::Scenario;
+
+/// nginx gained `server ... resolve` in open-source upstreams in 1.27.3.
+const NGINX_RESOLVE_SINCE: (u32, u32, u32) = (1, 27, 3);
+
+/// Group endpoints as `addr:port` strings (backend IPs, or DNS names as written).
+fn endpoints(servers: &[String], rig: &Rig) -> Vec<String> {
+    servers
+        .iter()
+        .map(|s| match rig.backend_ips.get(s) {
+            Some(ip) => format!("{ip}:{}", rig.backend_port),
+            None => format!("{s}:{}", rig.backend_port),
+        })
+        .collect()
+}
+
+fn quoted_list(items: &[String]) -> String {
+    let inner: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
+    format!("[{}]", inner.join(", "))
+}
+
+pub(super) fn upkeep(scenario: &Scenario, rig: &Rig) -> Prepared {
+    let mut c = String::new();
+    let _ = writeln!(c, "[admin]\nlisten = \"{}\"\n", rig.admin);
+    if let Some(dns) = rig.dns {
+        let _ = writeln!(c, "[dns]\nservers = [\"{dns}\"]\ntimeout = \"1s\"\n");
+    }
+    let _ = writeln!(
+        c,
+        "[lifecycle]\ndrain_delay = \"5s\"\nshutdown_timeout = \"10s\"\n"
+    );
+    let _ = writeln!(c, "[[listener]]\nlisten = \"{}\"\n", rig.listen);
+    let _ = writeln!(c, "[[route]]\npath = \"/\"\ngroup = \"app\"\n");
+    if !scenario.upstream.optional.is_empty() {
+        let _ = writeln!(c, "[[route]]\npath = \"/search\"\ngroup = \"search\"\n");
+    }
+    group(
+        &mut c,
+        "app",
+        true,
+        &endpoints(&scenario.upstream.servers, rig),
+    );
+    if !scenario.upstream.optional.is_empty() {
+        group(
+            &mut c,
+            "search",
+            false,
+            &endpoints(&scenario.upstream.optional, rig),
+        );
+    }
+    Prepared::Ready {
+        label: "upkeep".into(),
+        config: c,
+    }
+}
+
+fn group(c: &mut String, name: &str, required: bool, endpoints: &[String]) {
+    let _ = writeln!(
+        c,
+        "[groups.{name}]\nrequired = {required}\nendpoints = {}\nconnect_timeout = \"1s\"\ntry_timeout = \"2s\"\ndeadline = \"5s\"\n",
+        quoted_list(endpoints)
+    );
+    let _ = writeln!(
+        c,
+        "[groups.{name}.retry]\nattempts = 3\nconnect_retry_window = \"3s\"\n"
+    );
+}
+
+/// `(major, minor, patch)` from `nginx -v`.
+fn nginx_version(bin: &Path) -> Option<(u32, u32, u32)> {
+    let out = std::process::Command::new(bin).arg("-v").output().ok()?;
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    parse_nginx_version(&text)
+}
+
+fn parse_nginx_version(text: &str) -> Option<(u32, u32, u32)> {
+    let v = text.split("nginx/").nth(1)?.split_whitespace().next()?;
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+pub(super) fn nginx(bin: &Path, scenario: &Scenario, rig: &Rig, dir: &Path) -> Prepared {
+    if scenario.probes.is_some() {
+        return Prepared::Skip(
+            "nginx has no admin endpoints (/livez, /readyz, /startupz) for probes to ask".into(),
+        );
+    }
+    let Some(version) = nginx_version(bin) else {
+        return Prepared::Skip(format!("could not read the version of {}", bin.display()));
+    };
+    let vtext = format!("{}.{}.{}", version.0, version.1, version.2);
+    let names = scenario.dns_servers();
+    let has_resolve = version >= NGINX_RESOLVE_SINCE;
+    let d = dir.display();
+    let mut c = String::new();
+    // Running as root, workers would otherwise switch to `nobody` and lose the temp dir.
+    if nix::unistd::geteuid().is_root() {
+        let _ = writeln!(c, "user root;");
+    }
+    let _ = writeln!(
+        c,
+        "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\nhttp {{"
+    );
+    let _ = writeln!(
+        c,
+        "  log_format lab '$msec $status \"$upstream_addr\" \"$upstream_status\" $request_time';\n  access_log {d}/access.log lab;"
+    );
+    for t in ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"] {
+        let _ = writeln!(c, "  {t}_temp_path {d}/{t}_temp;");
+    }
+    if let Some(dns) = rig.dns {
+        let _ = writeln!(
+            c,
+            "  resolver {dns} valid=5s ipv6=off;\n  resolver_timeout 1s;"
+        );
+    }
+    let common = "      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_connect_timeout 1s;\n      proxy_read_timeout 2s;\n      proxy_next_upstream error timeout;";
+    let mut label = format!("nginx {vtext}");
+    let pass;
+    if names.is_empty() || has_resolve {
+        let _ = writeln!(c, "  upstream be {{");
+        if !names.is_empty() {
+            let _ = writeln!(c, "    zone be 64k;");
+        }
+        for s in &scenario.upstream.servers {
+            let line = match rig.backend_ips.get(s) {
+                Some(ip) => format!("{ip}:{}", rig.backend_port),
+                None => format!("{s}:{} resolve", rig.backend_port),
+            };
+            let _ = writeln!(c, "    server {line};");
+        }
+        let _ = writeln!(c, "    keepalive 32;\n  }}");
+        pass = "      proxy_pass http://be;".to_owned();
+    } else if let Some(fixed) = fixed_addrs(scenario, &names) {
+        // Without `resolve`, nginx resolves a server name once, at start: do just that.
+        label = format!("nginx {vtext} (names resolved once at start)");
+        let _ = writeln!(c, "  upstream be {{");
+        for (s, ip) in scenario.upstream.servers.iter().zip(&fixed) {
+            let ip = rig.backend_ips.get(s).copied().or(*ip);
+            if let Some(ip) = ip {
+                let _ = writeln!(c, "    server {ip}:{};", rig.backend_port);
+            }
+        }
+        let _ = writeln!(c, "    keepalive 32;\n  }}");
+        pass = "      proxy_pass http://be;".to_owned();
+    } else {
+        let distinct: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+        if distinct.len() > 1 || names.len() != scenario.upstream.servers.len() {
+            return Prepared::Skip(format!(
+                "needs upstream `resolve` for several server lines (nginx >= 1.27.3); this nginx is {vtext}"
+            ));
+        }
+        // nginx < 1.27.3: the long-standing per-request resolve pattern, labelled as such.
+        label = format!("nginx {vtext} (dynamic-resolve pattern)");
+        pass = format!(
+            "      set $up {};\n      proxy_pass http://$up:{};",
+            names[0], rig.backend_port
+        );
+    }
+    let _ = writeln!(
+        c,
+        "  server {{\n    listen {};\n    location / {{\n{pass}\n{common}\n    }}\n  }}\n}}",
+        rig.listen
+    );
+    Prepared::Ready { label, config: c }
+}
+
+/// When every DNS name among the servers answers one fixed address and no fault touches it,
+/// the address of each server line (`None` for backends named directly).
+fn fixed_addrs(scenario: &Scenario, names: &[&str]) -> Option<Vec<Option<std::net::Ipv4Addr>>> {
+    let touched = |n: &str| scenario.faults.iter().any(|f| f.dns.as_deref() == Some(n));
+    let mut out = Vec::new();
+    for s in &scenario.upstream.servers {
+        if !names.contains(&s.as_str()) {
+            out.push(None);
+            continue;
+        }
+        let spec = scenario.dns_names.iter().find(|n| &n.name == s)?;
+        if spec.mode != "fixed" || spec.backends.len() != 1 || touched(s) {
+            return None;
+        }
+        let ip = scenario
+            .backends
+            .iter()
+            .find(|b| b.name == spec.backends[0])?
+            .ip;
+        out.push(Some(ip));
+    }
+    Some(out)
+}
+
+pub(super) fn haproxy(bin: &Path, scenario: &Scenario, rig: &Rig) -> Prepared {
+    if scenario.probes.is_some() {
+        return Prepared::Skip(
+            "HAProxy has no admin endpoints (/livez, /readyz, /startupz) for probes to ask".into(),
+        );
+    }
+    let version = std::process::Command::new(bin)
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(2)
+                .map(|v| v.split('-').next().unwrap_or(v).to_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+    let mut c = String::new();
+    let _ = writeln!(
+        c,
+        "global\n  log stdout format raw local0 info\n  maxconn 4096\n\ndefaults\n  mode http\n  log global\n  option httplog\n  timeout connect 1s\n  timeout client 30s\n  timeout server 2s\n  retries 3\n  option redispatch 1\n"
+    );
+    if let Some(dns) = rig.dns {
+        // `hold` values stay at HAProxy's defaults, as most deployments leave them.
+        let _ = writeln!(
+            c,
+            "resolvers fake\n  nameserver dns1 {dns}\n  accepted_payload_size 1232\n  timeout resolve 1s\n  timeout retry 1s\n"
+        );
+    }
+    let _ = writeln!(
+        c,
+        "frontend fe\n  bind {}\n  default_backend be\n\nbackend be\n  balance roundrobin",
+        rig.listen
+    );
+    for (i, s) in scenario.upstream.servers.iter().enumerate() {
+        match rig.backend_ips.get(s) {
+            Some(ip) => {
+                let _ = writeln!(c, "  server s{i} {ip}:{}", rig.backend_port);
+            }
+            None => {
+                let _ = writeln!(
+                    c,
+                    "  server s{i} {s}:{} resolvers fake init-addr none resolve-prefer ipv4",
+                    rig.backend_port
+                );
+            }
+        }
+    }
+    Prepared::Ready {
+        label: format!("haproxy {version}"),
+        config: c,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_nginx_versions() {
+        assert_eq!(
+            parse_nginx_version("nginx version: nginx/1.22.1\n"),
+            Some((1, 22, 1))
+        );
+        assert_eq!(
+            parse_nginx_version("nginx/1.27.3 (Ubuntu)"),
+            Some((1, 27, 3))
+        );
+        assert_eq!(parse_nginx_version("openresty"), None);
+        assert!((1, 22, 1) < NGINX_RESOLVE_SINCE && (1, 28, 0) >= NGINX_RESOLVE_SINCE);
+    }
+}
