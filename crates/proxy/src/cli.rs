@@ -66,8 +66,10 @@ fn init_tracing(level: &str, format: &str) {
         "{level},hyper=warn,h2=warn,hickory_proto=warn,hickory_resolver=warn"
     ))
     .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = if format == "json" {
         b.json().try_init()
