@@ -22,13 +22,14 @@ pub(super) async fn run(
     let spec = Arc::new(spec.clone());
     let target = Arc::new(target);
     let mut tasks = Vec::new();
-    for n in 0..count.max(1) {
+    for _ in 0..count.max(1) {
         let spec = spec.clone();
         let target = target.clone();
         tasks.push(tokio::spawn(async move {
-            // Stagger the pollers so they do not move in lock step.
-            let offset = idle_max.mul_f64(n as f64 / count.max(1) as f64);
-            tokio::time::sleep(offset.min(spec.duration)).await;
+            // All pollers start together and keep roughly in step: the proxy in front then
+            // holds one pooled upstream connection per poller, each idle for about one
+            // poller idle time, so every round reuses connections right at the backend's
+            // close time (spread pollers would keep one connection warm and hide the race).
             poll_loop(&spec, &target, t0, idle_min, idle_max).await
         }));
     }
