@@ -294,27 +294,46 @@ async fn one(
     let send_lag = sent.saturating_duration_since(t0 + due);
     let fresh = spec.mode == LoadMode::NewConnection;
     let reusable = if fresh { None } else { pool.take() };
+    let (record, sender) = timed_exchange(spec, target, reusable, fresh, seq, due, send_lag).await;
+    if let Some(sender) = sender {
+        pool.put(sender);
+    }
+    record
+}
+
+/// Sends one request on `reusable` (or a new connection), bounded by the spec's timeout,
+/// and records it; returns the connection when it may be used again.
+async fn timed_exchange(
+    spec: &LoadSpec,
+    target: &Target,
+    reusable: Option<SendRequest<Full<Bytes>>>,
+    close: bool,
+    seq: u64,
+    due: Duration,
+    send_lag: Duration,
+) -> (RequestRecord, Option<SendRequest<Full<Bytes>>>) {
+    let sent = Instant::now();
     let reused = reusable.is_some();
     let outcome = tokio::time::timeout(spec.timeout, async {
         let sender = match reusable {
             Some(s) => s,
             None => connect(&target.connect).await?,
         };
-        exchange(sender, spec, target, fresh).await
+        exchange(sender, spec, target, close).await
     })
     .await;
-    let latency = sent.elapsed();
     let mut record = RequestRecord {
         seq,
         scheduled: due,
         send_lag,
-        latency,
+        latency: sent.elapsed(),
         status: None,
         error: None,
         backend: None,
         cause: None,
         reused,
     };
+    let mut kept = None;
     match outcome {
         Err(_) => record.error = Some(ClientError::Timeout),
         Ok(Err(e)) => record.error = Some(e),
@@ -322,12 +341,10 @@ async fn one(
             record.status = Some(reply.status);
             record.backend = reply.backend;
             record.cause = reply.cause;
-            if let Some(sender) = sender {
-                pool.put(sender);
-            }
+            kept = sender;
         }
     }
-    record
+    (record, kept)
 }
 
 /// What the client keeps from a response.

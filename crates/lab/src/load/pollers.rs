@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::{connect, exchange, ClientError, LoadResult, LoadSpec, RequestRecord, Target};
+use super::{timed_exchange, LoadResult, LoadSpec, RequestRecord, Target};
 
 pub(super) async fn run(
     spec: &LoadSpec,
@@ -57,40 +57,14 @@ async fn poll_loop(
     let mut conn = None;
     while t0.elapsed() < spec.duration {
         let due = t0.elapsed();
-        let sent = Instant::now();
         // A sane client drops a connection it already saw closed; only a close that crosses
         // the request on the wire is left, which is the race itself.
-        conn = conn.filter(|s: &hyper::client::conn::http1::SendRequest<_>| !s.is_closed());
-        let reused = conn.is_some();
-        let outcome = tokio::time::timeout(spec.timeout, async {
-            let sender = match conn.take() {
-                Some(s) => s,
-                None => connect(&target.connect).await?,
-            };
-            exchange(sender, spec, target, false).await
-        })
-        .await;
-        let mut record = RequestRecord {
-            seq: 0,
-            scheduled: due,
-            send_lag: Duration::ZERO,
-            latency: sent.elapsed(),
-            status: None,
-            error: None,
-            backend: None,
-            cause: None,
-            reused,
-        };
-        match outcome {
-            Err(_) => record.error = Some(ClientError::Timeout),
-            Ok(Err(e)) => record.error = Some(e),
-            Ok(Ok((reply, sender))) => {
-                record.status = Some(reply.status);
-                record.backend = reply.backend;
-                record.cause = reply.cause;
-                conn = sender;
-            }
-        }
+        let reusable = conn
+            .take()
+            .filter(|s: &hyper::client::conn::http1::SendRequest<_>| !s.is_closed());
+        let (record, kept) =
+            timed_exchange(spec, target, reusable, false, 0, due, Duration::ZERO).await;
+        conn = kept;
         out.push(record);
         let idle = if idle_max > idle_min {
             rand::rng().random_range(idle_min..=idle_max)
