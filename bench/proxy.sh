@@ -18,6 +18,9 @@
 #   NGINX, HAPROXY, WRK  binaries (default: from PATH, then /usr/sbin)
 #   BENCH_KEEP=1       keep the temporary directory (configs, logs, raw wrk output)
 set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
 
 DURATION=${BENCH_DURATION:-10s}
 WARMUP=${BENCH_WARMUP:-2s}
@@ -28,98 +31,13 @@ for n in ${BENCH_UPKEEP_WORKERS:-}; do
     TARGETS="$TARGETS upkeep-w$n"
 done
 
-failed=0
-die() {
-    echo "bench: $*" >&2
-    failed=1
-    exit 1
-}
-
-find_bin() {
-    local name=$1
-    command -v "$name" 2>/dev/null && return 0
-    [[ -x /usr/sbin/$name ]] && echo "/usr/sbin/$name" && return 0
-    return 1
-}
-
 WRK=${WRK:-$(find_bin wrk)} || die "wrk not found (Debian: apt-get install wrk)"
 NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx-light)"
 HAPROXY=${HAPROXY:-$(find_bin haproxy)} || die "haproxy not found (Debian: apt-get install haproxy)"
 command -v curl >/dev/null || die "curl not found"
 command -v ss >/dev/null && command -v pgrep >/dev/null || die "ss or pgrep not found (Debian: apt-get install iproute2 procps)"
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -z ${UPKEEP:-} ]]; then
-    UPKEEP=${CARGO_TARGET_DIR:-$repo/target}/release/upkeep
-    if [[ ! -x $UPKEEP ]]; then
-        echo "bench: building upkeep (cargo build --release -p upkeep)" >&2
-        (cd "$repo" && cargo build --release -p upkeep) || die "build failed"
-    fi
-fi
-[[ -x $UPKEEP ]] || die "upkeep binary not found at $UPKEEP"
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/upkeep-bench.XXXXXX")
-declare -a pids=()
-
-cleanup() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    # A failed run keeps its directory: the error message points at the logs in it.
-    if [[ ${BENCH_KEEP:-0} == 1 || $failed == 1 ]]; then
-        echo "bench: kept $work" >&2
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# free_port VAR: a free loopback port in VAR, picked at random from 10000-32767 (below Linux's
-# ephemeral range, so an outgoing connection cannot take it between this check and the bind)
-# among those no socket uses, TIME-WAIT included, and this run has not handed out yet. It
-# sets VAR rather than printing, so `taken` survives (no subshell).
-declare -A taken=()
-free_port() {
-    local p i
-    for i in $(seq 1 200); do
-        p=$((10000 + RANDOM % 22768))
-        [[ -n ${taken[$p]:-} ]] && continue
-        if ! ss -Htan "( sport = :$p )" | grep -q .; then
-            taken[$p]=1
-            printf -v "$1" '%s' "$p"
-            return 0
-        fi
-    done
-    die "no free port found"
-}
-
-# Waits until http://127.0.0.1:PORT/ answers 200 with body "ok" (so a proxy really reaches the
-# backend before it is measured); fails after 10 s or when the last started process exits.
-wait_ok() {
-    local port=$1 name=$2 i body
-    for i in $(seq 1 100); do
-        kill -0 "${pids[-1]}" 2>/dev/null || die "$name exited at start-up (logs in $work/)"
-        body=$(curl -s --max-time 1 "http://127.0.0.1:$port/" 2>/dev/null || true)
-        [[ $body == ok ]] && return 0
-        sleep 0.1
-    done
-    die "$name on port $port did not answer 200 ok within 10 s (logs in $work)"
-}
-
-stop() {
-    local pid=$1 keep=() p
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    for p in "${pids[@]}"; do
-        [[ $p != "$pid" ]] && keep+=("$p")
-    done
-    pids=("${keep[@]}")
-}
+upkeep_bin
 
 # nginx refuses to start without writable temp paths; keep them all in the run's directory.
 nginx_common() {
@@ -362,20 +280,7 @@ ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'
 }
 
-# Everything shares the machine's CPUs: other load skews req/s and latency (CPU per request
-# less), so say how idle the machine was before starting.
-idle_pct() {
-    local a b
-    a=($(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat))
-    sleep 1
-    b=($(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat))
-    awk -v i=$((b[0] - a[0])) -v t=$((b[1] - a[1])) 'BEGIN { if (t > 0) printf "%d", 100 * i / t; else print 0 }'
-}
-idle=$(idle_pct)
-echo "bench: machine idle before the run: $idle% (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-if ((idle < 90)); then
-    echo "bench: warning: other processes are using the CPUs; figures will be lower and noisier" >&2
-fi
+report_idle
 echo "bench: wrk -t$THREADS -c$CONNECTIONS -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs"
 echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
 start_backend

@@ -1,11 +1,12 @@
 //! Open-loop constant-rate load: request i leaves at t0 + i/R whatever is outstanding.
 //!
-//! A dedicated OS thread keeps the schedule with `thread::sleep` (nanosecond timers) and hands
-//! each request to the tokio runtime, so a slow target delays answers, never departures, and the
-//! tokio timer's 1 ms granularity does not show up as send lag.
+//! A dedicated OS thread runs its own single-threaded event loop: a `timerfd` wakes it at each
+//! due time and the request starts right there, on the loop that also reads the responses. A
+//! slow target delays answers, never departures; the tokio timer's 1 ms granularity and the
+//! wake-up of another thread do not show up as send lag.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -16,9 +17,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+mod clock;
 mod pollers;
 mod stats;
 
@@ -121,6 +122,9 @@ pub enum LoadError {
     /// The URL has no host or port we can connect to.
     #[error("load URL {0} needs http://HOST:PORT")]
     Url(String),
+    /// The sending thread or its event loop could not run.
+    #[error("load sender: {0}")]
+    Sender(std::io::Error),
     /// Rate or duration out of range.
     #[error("rate must be > 0 and duration > 0 (got {rate}/s for {duration:?})")]
     Range {
@@ -165,49 +169,76 @@ pub async fn run_from(
     }
     let total = (spec.rate * spec.duration.as_secs_f64()).ceil() as u64;
     let bar = progress_bar(total, progress);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let pool = Arc::new(Pool::default());
     let started = SystemTime::now() + t0.saturating_duration_since(Instant::now());
-    let handle = tokio::runtime::Handle::current();
-    let stop = Arc::new(AtomicBool::new(false));
-    let spec_shared = Arc::new(spec.clone());
-    let target = Arc::new(target);
-    let sched_stop = stop.clone();
-    let scheduler = std::thread::spawn(move || {
-        let t0_std = t0.into_std();
-        for (seq, due) in schedule(spec_shared.rate, spec_shared.duration).enumerate() {
-            if sched_stop.load(Ordering::Relaxed) {
-                break;
+    let done = Arc::new(AtomicU64::new(0));
+    let (spec_owned, counter) = (spec.clone(), done.clone());
+    let sender = std::thread::Builder::new()
+        .name("upkeep-load".into())
+        .spawn(move || send_open_loop(spec_owned, target, t0.into_std(), counter))
+        .map_err(LoadError::Sender)?;
+    // Wait for the sender without waking per request: records stay on the sending thread
+    // (a cross-thread hand-off per record costs a wake-up each), progress is an atomic.
+    let mut join = tokio::task::spawn_blocking(move || sender.join());
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let joined = loop {
+        tokio::select! {
+            joined = &mut join => break joined,
+            _ = tick.tick() => {
+                if let Some(bar) = &bar {
+                    bar.set_position(done.load(Ordering::Relaxed));
+                }
             }
-            let at = t0_std + due;
-            let now = std::time::Instant::now();
-            if at > now {
-                std::thread::sleep(at - now);
-            }
-            let tx = tx.clone();
-            let spec = spec_shared.clone();
-            let target = target.clone();
-            let pool = pool.clone();
-            handle.spawn(async move {
-                let record = one(&spec, &target, &pool, seq as u64, t0, due).await;
-                let _ = tx.send(record);
-            });
         }
-    });
-    let mut records = Vec::with_capacity(total as usize);
-    while let Some(record) = rx.recv().await {
-        if let Some(bar) = &bar {
-            bar.inc(1);
-        }
-        records.push(record);
-    }
-    // The channel closes once the scheduler and every request task have dropped their sender.
-    let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    let lost = || LoadError::Sender(std::io::Error::other("load thread panicked"));
+    let mut records = joined
+        .map_err(|_| lost())?
+        .map_err(|_| lost())?
+        .map_err(LoadError::Sender)?;
     records.sort_by_key(|r| r.seq);
     Ok(LoadResult { started, records })
+}
+
+/// Sends the open-loop schedule from one thread with its own event loop: a precise timer
+/// wakes the loop at each due time, the request is started on the spot, and the same loop
+/// reads the responses. Departures never wait for another thread to be scheduled.
+fn send_open_loop(
+    spec: LoadSpec,
+    target: Target,
+    t0: std::time::Instant,
+    done: Arc<AtomicU64>,
+) -> std::io::Result<Vec<RequestRecord>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let timer = clock::PreciseTimer::new()?;
+        let spec = Arc::new(spec);
+        let target = Arc::new(target);
+        let pool = Arc::new(Pool::default());
+        let t0 = Instant::from_std(t0);
+        let mut in_flight = tokio::task::JoinSet::new();
+        let mut records = Vec::new();
+        for (seq, due) in schedule(spec.rate, spec.duration).enumerate() {
+            timer.sleep_until((t0 + due).into_std()).await?;
+            let (spec, target, pool) = (spec.clone(), target.clone(), pool.clone());
+            in_flight.spawn(async move { one(&spec, &target, &pool, seq as u64, t0, due).await });
+            while let Some(Ok(record)) = in_flight.try_join_next() {
+                records.push(record);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        while let Some(joined) = in_flight.join_next().await {
+            if let Ok(record) = joined {
+                records.push(record);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(records)
+    })
 }
 
 fn progress_bar(total: u64, wanted: bool) -> Option<indicatif::ProgressBar> {

@@ -132,3 +132,23 @@ async fn pollers_reuse_a_connection_the_server_keeps() {
         .all(|r| r.reused && r.status == Some(200)));
     assert_eq!(b.accepted(), 1);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn precise_timer_never_fires_early_and_passes_deadlines_already_gone() {
+    let timer = clock::PreciseTimer::new().unwrap();
+    let start = std::time::Instant::now();
+    // Sub-millisecond steps, which tokio's timer wheel would round to whole milliseconds.
+    for i in 1..=20u32 {
+        let at = start + Duration::from_micros(300) * i;
+        tokio::time::timeout(Duration::from_secs(5), timer.sleep_until(at))
+            .await
+            .expect("the timer fires")
+            .unwrap();
+        assert!(std::time::Instant::now() >= at, "step {i} fired early");
+    }
+    let past = std::time::Instant::now() - Duration::from_millis(5);
+    tokio::time::timeout(Duration::from_secs(5), timer.sleep_until(past))
+        .await
+        .expect("a passed deadline returns")
+        .unwrap();
+}

@@ -1,0 +1,112 @@
+# Shared by the benchmark scripts: error exit, binaries, a temporary directory whose processes
+# are stopped on exit, free loopback ports, readiness, and how idle the machine is.
+# Source it after `set -euo pipefail`; it expects `repo` to be set by the caller.
+
+failed=0
+die() {
+    echo "bench: $*" >&2
+    failed=1
+    exit 1
+}
+
+find_bin() {
+    local name=$1
+    command -v "$name" 2>/dev/null && return 0
+    [[ -x /usr/sbin/$name ]] && echo "/usr/sbin/$name" && return 0
+    return 1
+}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/upkeep-bench.XXXXXX")
+declare -a pids=()
+
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    # A failed run keeps its directory: the error message points at the logs in it.
+    if [[ ${BENCH_KEEP:-0} == 1 || $failed == 1 ]]; then
+        echo "bench: kept $work" >&2
+    else
+        rm -rf "$work"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_port VAR: a free loopback port in VAR, picked at random from 10000-32767 (below Linux's
+# ephemeral range, so an outgoing connection cannot take it between this check and the bind)
+# among those no socket uses, TIME-WAIT included, and this run has not handed out yet. It
+# sets VAR rather than printing, so `taken` survives (no subshell).
+declare -A taken=()
+free_port() {
+    local p i
+    for i in $(seq 1 200); do
+        p=$((10000 + RANDOM % 22768))
+        [[ -n ${taken[$p]:-} ]] && continue
+        if ! ss -Htan "( sport = :$p )" | grep -q .; then
+            taken[$p]=1
+            printf -v "$1" '%s' "$p"
+            return 0
+        fi
+    done
+    die "no free port found"
+}
+
+# wait_ok PORT NAME [BODY]: waits until http://127.0.0.1:PORT/ answers 200 with body BODY
+# (default "ok"), so a proxy really reaches the backend before it is measured; fails after
+# 10 s or when the last started process exits.
+wait_ok() {
+    local port=$1 name=$2 want=${3:-ok} i body
+    for i in $(seq 1 100); do
+        kill -0 "${pids[-1]}" 2>/dev/null || die "$name exited at start-up (logs in $work/)"
+        body=$(curl -s --fail --max-time 1 "http://127.0.0.1:$port/" 2>/dev/null || true)
+        [[ $body == "$want" ]] && return 0
+        sleep 0.1
+    done
+    die "$name on port $port did not answer 200 $want within 10 s (logs in $work)"
+}
+
+stop() {
+    local pid=$1 keep=() p
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${pids[@]}"; do
+        [[ $p != "$pid" ]] && keep+=("$p")
+    done
+    pids=("${keep[@]}")
+}
+
+# Everything shares the machine's CPUs: other load skews req/s and latency (CPU per request
+# less), so say how idle the machine was before starting.
+idle_pct() {
+    local a b
+    a=($(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat))
+    sleep 1
+    b=($(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat))
+    awk -v i=$((b[0] - a[0])) -v t=$((b[1] - a[1])) 'BEGIN { if (t > 0) printf "%d", 100 * i / t; else print 0 }'
+}
+report_idle() {
+    local idle
+    idle=$(idle_pct)
+    echo "bench: machine idle before the run: $idle% (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    if ((idle < 90)); then
+        echo "bench: warning: other processes are using the CPUs; figures will be lower and noisier" >&2
+    fi
+}
+
+# upkeep_bin: sets UPKEEP to target/release/upkeep (under CARGO_TARGET_DIR), building it when
+# missing, unless UPKEEP is already set.
+upkeep_bin() {
+    if [[ -z ${UPKEEP:-} ]]; then
+        UPKEEP=${CARGO_TARGET_DIR:-$repo/target}/release/upkeep
+        if [[ ! -x $UPKEEP ]]; then
+            echo "bench: building upkeep (cargo build --release -p upkeep)" >&2
+            (cd "$repo" && cargo build --release -p upkeep) || die "build failed"
+        fi
+    fi
+    [[ -x $UPKEEP ]] || die "upkeep binary not found at $UPKEEP"
+}
