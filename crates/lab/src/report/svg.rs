@@ -82,6 +82,20 @@ pub fn write(
             Rectangle::new([(f.start_s, 0.0), (end, ymax)], shade.filled())
         }))
         .map_err(|e| err(e.to_string()))?;
+    // Each shaded span says which fault it is, at mid-height where the count lines rarely
+    // are, stacked so overlapping faults stay readable.
+    chart
+        .draw_series(faults.iter().enumerate().map(|(i, f)| {
+            Text::new(
+                f.label.clone(),
+                (
+                    f.start_s + duration_s * 0.006,
+                    ymax * (0.55 - 0.06 * (i % 4) as f64),
+                ),
+                ("sans-serif", 12).into_font().color(&RGBColor(150, 30, 30)),
+            )
+        }))
+        .map_err(|e| err(e.to_string()))?;
     let series = |pick: Pick| -> Vec<(f64, f64)> {
         b.iter()
             .enumerate()
