@@ -92,14 +92,26 @@ fn parse_nginx_version(text: &str) -> Option<(u32, u32, u32)> {
 }
 
 pub(super) fn nginx(bin: &Path, scenario: &Scenario, rig: &Rig, dir: &Path) -> Prepared {
+    let Some(version) = nginx_version(bin) else {
+        return Prepared::Skip(format!("could not read the version of {}", bin.display()));
+    };
+    nginx_for_version(version, scenario, rig, dir)
+}
+
+/// The nginx config for `version`: real `server ... resolve` lines from 1.27.3 on; before it,
+/// names resolved once at start when no fault touches DNS, the per-request resolve pattern
+/// for one name, and a skip when several server lines need re-resolving.
+fn nginx_for_version(
+    version: (u32, u32, u32),
+    scenario: &Scenario,
+    rig: &Rig,
+    dir: &Path,
+) -> Prepared {
     if scenario.probes.is_some() {
         return Prepared::Skip(
             "nginx has no admin endpoints (/livez, /readyz, /startupz) for probes to ask".into(),
         );
     }
-    let Some(version) = nginx_version(bin) else {
-        return Prepared::Skip(format!("could not read the version of {}", bin.display()));
-    };
     let vtext = format!("{}.{}.{}", version.0, version.1, version.2);
     let names = scenario.dns_servers();
     let has_resolve = version >= NGINX_RESOLVE_SINCE;
@@ -271,5 +283,119 @@ mod tests {
         );
         assert_eq!(parse_nginx_version("openresty"), None);
         assert!((1, 22, 1) < NGINX_RESOLVE_SINCE && (1, 28, 0) >= NGINX_RESOLVE_SINCE);
+    }
+
+    fn catalog(name: &str) -> Scenario {
+        let (file, text) = crate::catalog::CATALOG
+            .iter()
+            .find(|(f, _)| Path::new(f).file_stem().is_some_and(|stem| stem == name))
+            .unwrap_or_else(|| panic!("no catalog scenario {name}"));
+        Scenario::parse(text, file).unwrap()
+    }
+
+    fn rig(scenario: &Scenario) -> Rig {
+        Rig {
+            listen: "127.0.0.1:18000".parse().unwrap(),
+            admin: "127.0.0.1:18001".parse().unwrap(),
+            backend_port: 18080,
+            backend_ips: scenario
+                .backends
+                .iter()
+                .map(|b| (b.name.clone(), b.ip))
+                .collect(),
+            dns: (!scenario.dns_servers().is_empty()).then(|| "127.0.0.1:15353".parse().unwrap()),
+        }
+    }
+
+    fn render(version: (u32, u32, u32), name: &str) -> Prepared {
+        let s = catalog(name);
+        nginx_for_version(version, &s, &rig(&s), Path::new("/nonexistent"))
+    }
+
+    fn config(p: Prepared) -> (String, String) {
+        match p {
+            Prepared::Ready { label, config } => (label, config),
+            other => panic!("expected a config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nginx_with_resolve_gets_real_resolve_server_lines_for_dns_names() {
+        let (label, c) = config(render((1, 27, 3), "two-lines-one-host-rst"));
+        assert_eq!(label, "nginx 1.27.3");
+        assert!(c.contains("resolver 127.0.0.1:15353"), "{c}");
+        // `resolve` needs the upstream's state in shared memory.
+        assert!(c.contains("zone be 64k;"), "{c}");
+        let resolve_lines = c
+            .lines()
+            .filter(|l| l.trim_end().ends_with(" resolve;"))
+            .count();
+        assert_eq!(resolve_lines, 2, "{c}");
+        assert!(c.contains("proxy_pass http://be;"), "{c}");
+        assert!(!c.contains("set $up"), "{c}");
+    }
+
+    #[test]
+    fn the_installed_nginx_accepts_every_catalog_config_it_is_given() {
+        let Some(bin) = super::super::Binaries::discover(None, None).nginx else {
+            // .ci/run installs nginx; there a missing nginx is a failure, not a skip.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "nginx is installed by .ci/run"
+            );
+            eprintln!("skipped: nginx is not installed (the CI installs Debian's package)");
+            return;
+        };
+        let version = nginx_version(&bin).expect("nginx -v");
+        let mut checked = 0;
+        for (file, text) in crate::catalog::CATALOG {
+            let s = Scenario::parse(text, file).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let Prepared::Ready { config, .. } =
+                nginx_for_version(version, &s, &rig(&s), dir.path())
+            else {
+                continue;
+            };
+            let conf = dir.path().join("nginx.conf");
+            std::fs::write(&conf, &config).unwrap();
+            let out = std::process::Command::new(&bin)
+                .arg("-t")
+                .arg("-p")
+                .arg(dir.path())
+                .arg("-c")
+                .arg(&conf)
+                .arg("-e")
+                .arg(dir.path().join("error.log"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "nginx -t refused the config of {file}:\n{}\n{config}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+        assert!(checked >= 10, "only {checked} catalog configs were checked");
+    }
+
+    #[test]
+    fn older_nginx_gets_the_labelled_substitute_or_a_skip_never_a_fake() {
+        // One name whose answers a fault changes: the per-request resolve pattern, labelled.
+        let (label, c) = config(render((1, 22, 1), "dns-nxdomain-6s"));
+        assert_eq!(label, "nginx 1.22.1 (dynamic-resolve pattern)");
+        assert!(c.contains("set $up "), "{c}");
+        assert!(!c.contains(" resolve;"), "{c}");
+        // Names that never change: resolved once at start, as nginx 1.22 does, labelled.
+        let (label, c) = config(render((1, 22, 1), "two-lines-one-host-rst"));
+        assert_eq!(label, "nginx 1.22.1 (names resolved once at start)");
+        assert!(!c.contains(" resolve;"), "{c}");
+        // Backends by address need no DNS at all: plain upstream, plain label.
+        let (label, _) = config(render((1, 22, 1), "one-host-rst"));
+        assert_eq!(label, "nginx 1.22.1");
+        // Admin-endpoint probes are something no nginx has.
+        assert!(matches!(
+            render((1, 27, 3), "probe-cascade"),
+            Prepared::Skip(_)
+        ));
     }
 }
