@@ -335,47 +335,71 @@ mod tests {
         assert!(!c.contains("set $up"), "{c}");
     }
 
-    #[test]
-    fn the_installed_nginx_accepts_every_catalog_config_it_is_given() {
-        let Some(bin) = super::super::Binaries::discover(None, None).nginx else {
-            // .ci/run installs nginx; there a missing nginx is a failure, not a skip.
+    /// Renders every catalog scenario for an installed proxy and has the proxy's own config
+    /// check accept it; a proxy CI installs may be missing only outside CI.
+    fn assert_installed_accepts_catalog(
+        proxy: &str,
+        bin: Option<std::path::PathBuf>,
+        render: impl Fn(&Path, &Scenario, &Path) -> Prepared,
+        check: impl Fn(&mut std::process::Command, &Path, &Path),
+    ) {
+        let Some(bin) = bin else {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "nginx is installed by .ci/run"
+                "{proxy} is installed by .ci/run"
             );
-            eprintln!("skipped: nginx is not installed (the CI installs Debian's package)");
+            eprintln!("skipped: {proxy} is not installed (the CI installs Debian's package)");
             return;
         };
-        let version = nginx_version(&bin).expect("nginx -v");
         let mut checked = 0;
         for (file, text) in crate::catalog::CATALOG {
             let s = Scenario::parse(text, file).unwrap();
             let dir = tempfile::tempdir().unwrap();
-            let Prepared::Ready { config, .. } =
-                nginx_for_version(version, &s, &rig(&s), dir.path())
-            else {
+            let Prepared::Ready { config, .. } = render(&bin, &s, dir.path()) else {
                 continue;
             };
-            let conf = dir.path().join("nginx.conf");
+            let conf = dir.path().join("proxy.conf");
             std::fs::write(&conf, &config).unwrap();
-            let out = std::process::Command::new(&bin)
-                .arg("-t")
-                .arg("-p")
-                .arg(dir.path())
-                .arg("-c")
-                .arg(&conf)
-                .arg("-e")
-                .arg(dir.path().join("error.log"))
-                .output()
-                .unwrap();
+            let mut cmd = std::process::Command::new(&bin);
+            check(&mut cmd, &conf, dir.path());
+            let out = cmd.output().unwrap();
             assert!(
                 out.status.success(),
-                "nginx -t refused the config of {file}:\n{}\n{config}",
+                "{proxy} refused the config of {file}:\n{}{}\n{config}",
+                String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
             checked += 1;
         }
         assert!(checked >= 10, "only {checked} catalog configs were checked");
+    }
+
+    #[test]
+    fn the_installed_nginx_accepts_every_catalog_config_it_is_given() {
+        assert_installed_accepts_catalog(
+            "nginx",
+            super::super::Binaries::discover(None, None).nginx,
+            |bin, s, dir| {
+                let version = nginx_version(bin).expect("nginx -v");
+                nginx_for_version(version, s, &rig(s), dir)
+            },
+            |cmd, conf, dir| {
+                cmd.arg("-t").arg("-p").arg(dir).arg("-c").arg(conf);
+                cmd.arg("-e").arg(dir.join("error.log"));
+            },
+        );
+    }
+
+    #[test]
+    fn the_installed_haproxy_accepts_every_catalog_config_it_is_given() {
+        assert_installed_accepts_catalog(
+            "haproxy",
+            super::super::Binaries::discover(None, None).haproxy,
+            |bin, s, _| haproxy(bin, s, &rig(s)),
+            |cmd, conf, _| {
+                cmd.arg("-c").arg("-f").arg(conf);
+            },
+        );
     }
 
     #[test]
