@@ -21,7 +21,7 @@ use crate::config::{PoolConfig, KEEPALIVE_HINT_MARGIN};
 use crate::metrics::Metrics;
 
 pub use io::Counters;
-use io::{idle_socket_is_clean, SharedIo};
+use io::{Peeker, SharedIo};
 
 /// Why a connect attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +40,7 @@ pub enum ConnectError {
 /// One upstream HTTP/1.1 connection.
 pub struct Conn {
     pub(crate) sender: http1::SendRequest<ReqBody>,
-    stream: Arc<TcpStream>,
+    peeker: Peeker,
     counters: Arc<Counters>,
     peer: SocketAddr,
     created: Instant,
@@ -95,10 +95,17 @@ fn worker() -> usize {
     WORKER.with(|w| w.get())
 }
 
+/// Idle connections by (worker, peer).
+type IdleMap = HashMap<(usize, SocketAddr), Vec<Idle>>;
+
+/// Idle lists are split by worker so that serving threads never wait on each other's lock
+/// (a contended lock costs a futex call and a wake-up per request).
+const SHARDS: usize = 16;
+
 /// Pooled connections per peer address.
 pub struct Pool {
     cfg: PoolConfig,
-    idle: Mutex<HashMap<(usize, SocketAddr), Vec<Idle>>>,
+    shards: [Mutex<IdleMap>; SHARDS],
     metrics: Arc<Metrics>,
 }
 
@@ -107,7 +114,7 @@ impl Pool {
     pub fn new(cfg: PoolConfig, metrics: Arc<Metrics>) -> Arc<Self> {
         let pool = Arc::new(Self {
             cfg,
-            idle: Mutex::new(HashMap::new()),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             metrics,
         });
         let weak = Arc::downgrade(&pool);
@@ -120,14 +127,24 @@ impl Pool {
         &self.cfg
     }
 
+    /// This worker's idle lists.
+    fn shard(&self) -> std::sync::MutexGuard<'_, IdleMap> {
+        self.shards[worker() % SHARDS].lock().unwrap()
+    }
+
     /// Idle connections per peer.
     pub fn idle_count(&self, peer: SocketAddr) -> usize {
-        self.idle
-            .lock()
-            .unwrap()
+        self.shards
             .iter()
-            .filter(|((_, p), _)| *p == peer)
-            .map(|(_, l)| l.len())
+            .map(|shard| {
+                shard
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|((_, p), _)| *p == peer)
+                    .map(|(_, l)| l.len())
+                    .sum::<usize>()
+            })
             .sum()
     }
 
@@ -137,7 +154,7 @@ impl Pool {
         let now = Instant::now();
         let mut discarded = Vec::new();
         let found = {
-            let mut idle = self.idle.lock().unwrap();
+            let mut idle = self.shard();
             let list = idle.get_mut(&(worker(), peer))?;
             let mut found = None;
             while let Some(entry) = list.pop() {
@@ -149,7 +166,7 @@ impl Pool {
                     discarded.push(entry);
                 } else if entry.conn.sender.is_closed()
                     || !entry.conn.sender.is_ready()
-                    || !idle_socket_is_clean(&entry.conn.stream)
+                    || !entry.conn.peeker.idle_socket_is_clean()
                 {
                     self.metrics.pool_event("stale_discarded");
                     discarded.push(entry);
@@ -174,7 +191,7 @@ impl Pool {
             Ok(r) => r?,
         };
         stream.set_nodelay(true)?;
-        let (io, stream, counters) = SharedIo::new(stream);
+        let (io, peeker, counters) = SharedIo::new(stream)?;
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -184,7 +201,7 @@ impl Pool {
         self.metrics.pool_event("new");
         Ok(Conn {
             sender,
-            stream,
+            peeker,
             counters,
             peer,
             created: Instant::now(),
@@ -215,7 +232,7 @@ impl Pool {
         }
         let mut evicted = None;
         {
-            let mut idle = self.idle.lock().unwrap();
+            let mut idle = self.shard();
             let list = idle.entry((worker(), conn.peer)).or_default();
             if list.len() >= self.cfg.max_idle_per_peer {
                 evicted = Some(list.remove(0));
@@ -233,8 +250,8 @@ impl Pool {
     fn sweep_once(&self) {
         let now = Instant::now();
         let mut discarded = Vec::new();
-        {
-            let mut idle = self.idle.lock().unwrap();
+        for shard in &self.shards {
+            let mut idle = shard.lock().unwrap();
             for list in idle.values_mut() {
                 let before = list.len();
                 let mut i = 0;
@@ -257,9 +274,11 @@ impl Pool {
 
     /// Drops every idle connection (on shutdown or when the group goes away).
     pub fn clear(&self) {
-        let drained: Vec<_> = self.idle.lock().unwrap().drain().collect();
-        let n: usize = drained.iter().map(|(_, l)| l.len()).sum();
-        self.metrics.pool_idle.dec_by(n as i64);
+        for shard in &self.shards {
+            let drained: Vec<_> = shard.lock().unwrap().drain().collect();
+            let n: usize = drained.iter().map(|(_, l)| l.len()).sum();
+            self.metrics.pool_idle.dec_by(n as i64);
+        }
     }
 }
 

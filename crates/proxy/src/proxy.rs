@@ -77,10 +77,8 @@ pub async fn handle(
         let h = resp.headers_mut();
         if shared.is_draining() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        } else if let Ok(v) =
-            HeaderValue::from_str(&format!("timeout={}", ctx.listener.idle_timeout.as_secs()))
-        {
-            h.insert("keep-alive", v);
+        } else {
+            h.insert("keep-alive", ctx.keepalive.clone());
         }
     }
     let status = resp.status();

@@ -1,8 +1,13 @@
 //! The upstream socket as hyper sees it, with byte counters and a second handle for the
 //! liveness test before reuse (a FIN or stray data already received means discard).
+//!
+//! hyper owns the `TcpStream` and reads it through tokio's own `poll_read`, which knows that
+//! a short read drained the socket and skips the read that would only say `EAGAIN`; the pool
+//! peeks through a duplicate of the descriptor made once per connection.
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,94 +25,76 @@ pub struct Counters {
     pub read: AtomicU64,
 }
 
-/// A TCP stream shared between hyper's connection task and the pool.
+/// The TCP stream hyper's connection task reads and writes, counting bytes.
 pub struct SharedIo {
-    stream: Arc<TcpStream>,
+    stream: TcpStream,
     counters: Arc<Counters>,
 }
 
+/// The pool's handle on the same socket, for the liveness test; it never reads data.
+pub struct Peeker(socket2::Socket);
+
 impl SharedIo {
-    pub fn new(stream: TcpStream) -> (Self, Arc<TcpStream>, Arc<Counters>) {
-        let stream = Arc::new(stream);
+    pub fn new(stream: TcpStream) -> io::Result<(Self, Peeker, Arc<Counters>)> {
+        // The duplicate shares the socket (and its non-blocking flag) with `stream`.
+        let peeker = Peeker(socket2::Socket::from(stream.as_fd().try_clone_to_owned()?));
         let counters = Arc::new(Counters::default());
-        (
+        Ok((
             Self {
-                stream: stream.clone(),
+                stream,
                 counters: counters.clone(),
             },
-            stream,
+            peeker,
             counters,
-        )
+        ))
     }
 }
 
-/// Whether an idle socket is still fit for a request: no FIN, no unexpected bytes, no error.
-/// A non-blocking peek, so it never registers a waker that would steal hyper's.
-pub fn idle_socket_is_clean(stream: &TcpStream) -> bool {
-    let mut buf = [MaybeUninit::<u8>::uninit(); 1];
-    match socket2::SockRef::from(stream).peek(&mut buf) {
-        Ok(_) => false, // 0 = FIN received; >0 = data nobody asked for
-        Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+impl Peeker {
+    /// Whether an idle socket is still fit for a request: no FIN, no unexpected bytes, no
+    /// error. A non-blocking peek, so it never registers a waker that would steal hyper's.
+    pub fn idle_socket_is_clean(&self) -> bool {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 1];
+        match self.0.peek(&mut buf) {
+            Ok(_) => false, // 0 = FIN received; >0 = data nobody asked for
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+        }
     }
 }
 
 impl AsyncRead for SharedIo {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            match self.stream.try_read(unfilled) {
-                Ok(n) => {
-                    buf.advance(n);
-                    self.counters.read.fetch_add(n as u64, Ordering::Relaxed);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
+        let n = buf.filled().len() - before;
+        self.counters.read.fetch_add(n as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for SharedIo {
     fn poll_write(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write(buf) {
-                Ok(n) => {
-                    self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        let n = ready!(Pin::new(&mut self.stream).poll_write(cx, buf))?;
+        self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(n))
     }
 
     fn poll_write_vectored(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write_vectored(bufs) {
-                Ok(n) => {
-                    self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        let n = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, bufs))?;
+        self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(n))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -119,7 +106,7 @@ impl AsyncWrite for SharedIo {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = socket2::SockRef::from(&*self.stream).shutdown(std::net::Shutdown::Write);
+        let r = socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Write);
         Poll::Ready(match r {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,
