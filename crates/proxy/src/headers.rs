@@ -6,60 +6,91 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::Forwarded;
 
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
+/// `Keep-Alive` (RFC 9112 appendix C.2.2; hop-by-hop).
+pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    // Comparing a standard name is comparing an enum tag; no hashing.
+    name == header::CONNECTION
+        || name == KEEP_ALIVE
+        || name == PROXY_CONNECTION
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+}
 
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    // One pass over the names finds what to remove; most messages carry none or only
+    // `Connection`, so the per-name removals (each a hash and a probe) are rarely paid.
+    let mut remove: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
         .collect();
-    for n in named {
+    if remove.is_empty() {
+        return;
+    }
+    remove.extend(
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+    );
+    for n in remove {
         headers.remove(n);
     }
-    for n in HOP_BY_HOP.iter() {
-        headers.remove(n);
-    }
-    headers.remove(header::UPGRADE);
 }
 
-/// Appends forwarding headers for a request from `client` that arrived over `proto`.
+/// The client's address as a header value, made once per connection.
+pub fn client_ip_value(client: SocketAddr) -> HeaderValue {
+    HeaderValue::from_str(&client.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"))
+}
+
+/// Appends forwarding headers for a request from `client` (whose address as a header value
+/// is `client_ip`, from [`client_ip_value`]) that arrived over `proto`.
 pub fn add_forwarded(
     headers: &mut HeaderMap,
     mode: Forwarded,
     client: SocketAddr,
+    client_ip: &HeaderValue,
     proto: &str,
     host: Option<&str>,
 ) {
     match mode {
         Forwarded::None => {}
         Forwarded::XForwarded => {
-            let ip = client.ip().to_string();
-            let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-                Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
-                _ => ip,
+            let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+                Some(prev) if !prev.is_empty() => {
+                    let ip = client_ip.to_str().unwrap_or_default();
+                    HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+                }
+                _ => Some(client_ip.clone()),
             };
-            if let Ok(v) = HeaderValue::from_str(&xff) {
-                headers.insert("x-forwarded-for", v);
+            if let Some(v) = xff {
+                headers.insert(X_FORWARDED_FOR, v);
             }
             headers.insert(
-                "x-forwarded-proto",
+                X_FORWARDED_PROTO,
                 HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
             );
-            if let Some(h) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-                headers.insert("x-forwarded-host", h);
+            // The request's own Host value when that is the host (a shared copy, no parsing).
+            let same_host = headers
+                .get(header::HOST)
+                .filter(|v| host.is_some_and(|h| v.as_bytes() == h.as_bytes()))
+                .cloned();
+            if let Some(h) = same_host.or_else(|| host.and_then(|h| HeaderValue::from_str(h).ok()))
+            {
+                headers.insert(X_FORWARDED_HOST, h);
             }
         }
         Forwarded::Forwarded => {
@@ -108,10 +139,12 @@ mod tests {
     fn appends_forwarding_headers() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        let client = "127.0.0.5:999".parse().unwrap();
         add_forwarded(
             &mut h,
             Forwarded::XForwarded,
-            "127.0.0.5:999".parse().unwrap(),
+            client,
+            &client_ip_value(client),
             "http",
             Some("a.test"),
         );
@@ -119,10 +152,12 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.test");
         let mut h = HeaderMap::new();
+        let client = "[::1]:9".parse().unwrap();
         add_forwarded(
             &mut h,
             Forwarded::Forwarded,
-            "[::1]:9".parse().unwrap(),
+            client,
+            &client_ip_value(client),
             "https",
             Some("a.test"),
         );

@@ -264,6 +264,7 @@ async fn serve(
         tls: tls.is_some(),
         activity: activity.clone(),
         keepalive,
+        client_ip: crate::headers::client_ip_value(remote),
     });
     match tls {
         Some(acceptor) => {

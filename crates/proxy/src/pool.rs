@@ -340,7 +340,7 @@ impl Checkin {
 
 /// Reads `Keep-Alive: timeout=N` from response headers.
 pub fn keepalive_hint(headers: &http::HeaderMap) -> Option<Duration> {
-    let v = headers.get("keep-alive")?.to_str().ok()?;
+    let v = headers.get(crate::headers::KEEP_ALIVE)?.to_str().ok()?;
     v.split(',').find_map(|part| {
         let (k, v) = part.split_once('=')?;
         if k.trim().eq_ignore_ascii_case("timeout") {

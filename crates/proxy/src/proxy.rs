@@ -17,7 +17,7 @@ use crate::access_log::{rfc3339, Record};
 use crate::body::{OnDone, ReqBody, RespBody};
 use crate::config::ListenerConfig;
 use crate::error::{Kind, ProxyError};
-use crate::headers::{add_forwarded, strip_hop_by_hop};
+use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel, ResponseLabels};
 use crate::pool::{keepalive_hint, Checkin, ConnectError};
@@ -39,6 +39,8 @@ pub struct ConnCtx {
     pub activity: Arc<ConnActivity>,
     /// `Keep-Alive: timeout=N` for this listener, made once per connection.
     pub keepalive: HeaderValue,
+    /// The client's IP address as a header value, made once per connection.
+    pub client_ip: HeaderValue,
 }
 
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
@@ -78,7 +80,7 @@ pub async fn handle(
         if shared.is_draining() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         } else {
-            h.insert("keep-alive", ctx.keepalive.clone());
+            h.insert(KEEP_ALIVE, ctx.keepalive.clone());
         }
     }
     let status = resp.status();
@@ -241,6 +243,7 @@ async fn forward(
         &mut headers,
         ctx.listener.forwarded,
         ctx.remote,
+        &ctx.client_ip,
         if ctx.tls { "https" } else { "http" },
         host,
     );
