@@ -44,7 +44,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+            .map(str::trim)
+            // `keep-alive` is itself hop-by-hop: found by the pass above if present.
+            .filter(|n| !n.eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()),
     );
     for n in remove {
         headers.remove(n);

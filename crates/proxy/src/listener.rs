@@ -169,7 +169,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.activity.touch();
+        // No activity stamp on writes: a response is written while its request is in
+        // flight, when the idle clock does not run, and `InFlight` stamps its end.
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
@@ -178,7 +179,6 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.activity.touch();
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
