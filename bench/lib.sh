@@ -110,3 +110,8 @@ upkeep_bin() {
     fi
     [[ -x $UPKEEP ]] || die "upkeep binary not found at $UPKEEP"
 }
+
+# json_field NAME FILE: a number from the pretty-printed JSON summary of `lab load --json`.
+json_field() {
+    awk -F': ' -v k="\"$1\"" '$1 ~ k { gsub(/[ ,]/, "", $2); print $2 }' "$2"
+}

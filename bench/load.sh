@@ -42,11 +42,6 @@ free_port admin_port
 pids+=($!)
 wait_ok "$proxy_port" "upkeep serve"
 
-# field NAME FILE: a number from the pretty-printed JSON summary of `lab load --json`.
-field() {
-    awk -F': ' -v k="\"$1\"" '$1 ~ k { gsub(/[ ,]/, "", $2); print $2 }' "$2"
-}
-
 report_idle
 echo "bench: upkeep lab load --mode pooled --duration $DURATION, $REPEATS runs per rate, $(nproc) CPUs"
 printf '\n%-7s %7s %4s %8s %10s %10s %10s %8s\n' setup rate run errors lag_p99_ms lag_max_ms p99_ms held
@@ -64,12 +59,12 @@ for setup in $SETUPS; do
             out=$work/$setup-$rate-$run.json
             "$UPKEEP" lab load "http://127.0.0.1:$port/" --rate "$rate" --duration "$DURATION" \
                 --json >"$out" 2>"$out.stderr" || die "lab load failed (see $out.stderr)"
-            errors=$(field errors "$out")
-            lag=$(field lag_p99_ms "$out")
+            errors=$(json_field errors "$out")
+            lag=$(json_field lag_p99_ms "$out")
             held=$(awk -v l="$lag" -v e="$errors" 'BEGIN { print (l < 1.0 && e == 0) ? "yes" : "no" }')
             [[ $held == yes ]] || all_held=0
             printf '%-7s %7s %4s %8s %10s %10s %10s %8s\n' "$setup" "$rate" "$run" "$errors" \
-                "$lag" "$(field lag_max_ms "$out")" "$(field p99_ms "$out")" "$held"
+                "$lag" "$(json_field lag_max_ms "$out")" "$(json_field p99_ms "$out")" "$held"
         done
         ((all_held)) && best[$setup]=$rate
     done
