@@ -83,18 +83,49 @@ pub struct Metrics {
     pub degraded_alert: Family<GroupLabel, Gauge>,
     /// 1 while the process drains.
     pub draining: Gauge,
+    /// The series of `responses` and `pool_events` that nearly every request counts, looked
+    /// up once (a clone shares the value) instead of hashing labels per request.
+    hot: HotSeries,
+}
+
+struct HotSeries {
+    upstream_2xx: Counter,
+    reused: Counter,
+    new: Counter,
 }
 
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Arc<Self> {
         let mut r = Registry::with_prefix("upkeep");
+        let responses: Family<ResponseLabels, Counter> = Family::default();
+        let pool_events: Family<EventLabel, Counter> = Family::default();
+        // One statement per series: a lookup's guard lives to the end of its statement, and a
+        // second lookup that inserts into the same family would wait for it forever.
+        let upstream_2xx = responses
+            .get_or_create(&ResponseLabels {
+                origin: "upstream",
+                class: "2xx",
+                cause: "",
+            })
+            .clone();
+        let reused = pool_events
+            .get_or_create(&EventLabel { event: "reused" })
+            .clone();
+        let new = pool_events
+            .get_or_create(&EventLabel { event: "new" })
+            .clone();
+        let hot = HotSeries {
+            upstream_2xx,
+            reused,
+            new,
+        };
         let m = Metrics {
             requests: Counter::default(),
-            responses: Family::default(),
+            responses,
             latency: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
             downstream_open: Gauge::default(),
-            pool_events: Family::default(),
+            pool_events,
             pool_idle: Gauge::default(),
             pool_stale_replays: Counter::default(),
             dns_lookups: Family::default(),
@@ -107,7 +138,9 @@ impl Metrics {
             degraded_alert: Family::default(),
             draining: Gauge::default(),
             registry: Registry::default(),
+            hot,
         };
+
         r.register(
             "requests",
             "Requests received downstream",
@@ -197,7 +230,26 @@ impl Metrics {
 
     /// Counts a pool event.
     pub fn pool_event(&self, event: &'static str) {
-        self.pool_events.get_or_create(&EventLabel { event }).inc();
+        match event {
+            "reused" => self.hot.reused.inc(),
+            "new" => self.hot.new.inc(),
+            _ => self.pool_events.get_or_create(&EventLabel { event }).inc(),
+        };
+    }
+
+    /// Counts a response sent downstream.
+    pub fn response(&self, origin: &'static str, class: &'static str, cause: &'static str) {
+        if origin == "upstream" && class == "2xx" && cause.is_empty() {
+            self.hot.upstream_2xx.inc();
+        } else {
+            self.responses
+                .get_or_create(&ResponseLabels {
+                    origin,
+                    class,
+                    cause,
+                })
+                .inc();
+        }
     }
 }
 
@@ -209,5 +261,52 @@ pub fn class(status: http::StatusCode) -> &'static str {
         300..=399 => "3xx",
         400..=499 => "4xx",
         _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(m: &Metrics, series: &str) -> Option<f64> {
+        m.encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn hot_series_count_in_the_exported_families() {
+        let m = Metrics::new();
+        m.response("upstream", "2xx", "");
+        m.response("upstream", "2xx", "");
+        m.response("proxy", "5xx", "connect_failed");
+        m.pool_event("reused");
+        m.pool_event("new");
+        m.pool_event("expired");
+        let r = "upkeep_responses_total";
+        assert_eq!(
+            value(
+                &m,
+                &format!("{r}{{origin=\"upstream\",class=\"2xx\",cause=\"\"}}")
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(
+                &m,
+                &format!("{r}{{origin=\"proxy\",class=\"5xx\",cause=\"connect_failed\"}}")
+            ),
+            Some(1.0)
+        );
+        for event in ["reused", "new", "expired"] {
+            assert_eq!(
+                value(
+                    &m,
+                    &format!("upkeep_pool_connections_total{{event=\"{event}\"}}")
+                ),
+                Some(1.0),
+                "{event}"
+            );
+        }
     }
 }

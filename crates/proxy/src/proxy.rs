@@ -19,7 +19,7 @@ use crate::config::ListenerConfig;
 use crate::error::{Kind, ProxyError};
 use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
-use crate::metrics::{class, ReasonLabel, ResponseLabels};
+use crate::metrics::{class, ReasonLabel};
 use crate::pool::{keepalive_hint, Checkin, ConnectError};
 use crate::rescue;
 use crate::state::{Shared, State};
@@ -90,13 +90,7 @@ pub async fn handle(
         .observe(start.elapsed().as_secs_f64());
     shared
         .metrics
-        .responses
-        .get_or_create(&ResponseLabels {
-            origin,
-            class: class(status),
-            cause: cause.unwrap_or(""),
-        })
-        .inc();
+        .response(origin, class(status), cause.unwrap_or(""));
     let record = shared.access_log.is_on().then(|| Record {
         time: rfc3339(wall),
         method: method.to_string(),
