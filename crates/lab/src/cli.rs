@@ -338,6 +338,12 @@ async fn load_cmd(a: LoadArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     let stats = LoadStats::of(&result.records);
+    if stats.behind_schedule() && !matches!(spec.mode, LoadMode::Pollers { .. }) {
+        eprintln!(
+            "warning: send lag p99 {:.3} ms: the generator fell behind its schedule (CPU shared with the target?); late requests started late, so lower the rate or give the generator a core",
+            stats.lag_p99_ms
+        );
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&stats)?);
     } else {

@@ -24,7 +24,16 @@ pub struct LoadStats {
     pub lag_max_ms: f64,
 }
 
+/// Send-lag p99 from which the generator counts as behind its own schedule.
+pub const LAG_P99_LIMIT_MS: f64 = 1.0;
+
 impl LoadStats {
+    /// Whether requests left late often enough (send-lag p99 >= 1 ms) that the run measured
+    /// the generator's own shortage of CPU as well as the target.
+    pub fn behind_schedule(&self) -> bool {
+        self.lag_p99_ms >= LAG_P99_LIMIT_MS
+    }
+
     /// Computes the figures of `records`.
     pub fn of(records: &[RequestRecord]) -> LoadStats {
         let mut lat = histogram();

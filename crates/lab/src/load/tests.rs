@@ -152,3 +152,26 @@ async fn precise_timer_never_fires_early_and_passes_deadlines_already_gone() {
         .expect("a passed deadline returns")
         .unwrap();
 }
+
+#[test]
+fn a_send_lag_p99_of_a_millisecond_or_more_counts_as_behind_schedule() {
+    let record = |lag_us: u64| RequestRecord {
+        seq: 0,
+        scheduled: Duration::ZERO,
+        send_lag: Duration::from_micros(lag_us),
+        latency: Duration::from_micros(100),
+        status: Some(200),
+        error: None,
+        backend: None,
+        cause: None,
+        reused: true,
+    };
+    // 99 on time and 1 late: p99 is on time.
+    let mut records: Vec<_> = (0..99).map(|_| record(200)).collect();
+    records.push(record(5_000));
+    assert!(!LoadStats::of(&records).behind_schedule());
+    // 2 in 100 late by 1.5 ms: p99 is late.
+    records.push(record(1_500));
+    records.push(record(1_500));
+    assert!(LoadStats::of(&records).behind_schedule());
+}
