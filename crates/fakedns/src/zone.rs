@@ -30,6 +30,32 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Every mode's spelling, in the order of the enum.
+    pub const KEYWORDS: [&'static str; 7] = [
+        "fixed",
+        "alternate",
+        "nxdomain",
+        "nodata",
+        "servfail",
+        "refused",
+        "silent",
+    ];
+
+    /// The mode spelled `keyword` (any case) answering with `addrs` (used by `fixed` and
+    /// `alternate` only); `None` for an unknown keyword.
+    pub fn from_keyword(keyword: &str, addrs: Vec<IpAddr>) -> Option<Mode> {
+        Some(match keyword.to_ascii_lowercase().as_str() {
+            "fixed" => Mode::Fixed(addrs),
+            "alternate" => Mode::Alternate(addrs),
+            "nxdomain" => Mode::NxDomain,
+            "nodata" => Mode::NoData,
+            "servfail" => Mode::ServFail,
+            "refused" => Mode::Refused,
+            "silent" => Mode::Silent,
+            _ => return None,
+        })
+    }
+
     /// The zone-file spelling of this mode (`fixed`, `alternate`, `nxdomain`, ...).
     pub fn keyword(&self) -> &'static str {
         match self {
@@ -91,16 +117,8 @@ impl std::str::FromStr for Mode {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        let mode = match keyword.to_ascii_lowercase().as_str() {
-            "fixed" => Mode::Fixed(addrs),
-            "alternate" => Mode::Alternate(addrs),
-            "nxdomain" => Mode::NxDomain,
-            "nodata" => Mode::NoData,
-            "servfail" => Mode::ServFail,
-            "refused" => Mode::Refused,
-            "silent" => Mode::Silent,
-            _ => return Err(ModeParseError::UnknownMode(keyword.to_owned())),
-        };
+        let mode = Mode::from_keyword(keyword, addrs)
+            .ok_or_else(|| ModeParseError::UnknownMode(keyword.to_owned()))?;
         match &mode {
             Mode::Fixed(a) | Mode::Alternate(a) if a.is_empty() => {
                 Err(ModeParseError::MissingAddresses(mode.keyword()))

@@ -63,16 +63,7 @@ pub fn parse_mode(mode: &str, addrs: &str) -> Result<Mode, String> {
         .map(str::parse)
         .collect();
     let ips = ips.map_err(|e| format!("bad address list {addrs:?}: {e}"))?;
-    Ok(match mode {
-        "fixed" => Mode::Fixed(ips),
-        "alternate" => Mode::Alternate(ips),
-        "nxdomain" => Mode::NxDomain,
-        "nodata" => Mode::NoData,
-        "servfail" => Mode::ServFail,
-        "refused" => Mode::Refused,
-        "silent" => Mode::Silent,
-        other => return Err(format!("unknown mode {other:?}")),
-    })
+    Mode::from_keyword(mode, ips).ok_or_else(|| format!("unknown mode {mode:?}"))
 }
 
 /// Starts the server from a zone file and, if asked, its control endpoint.

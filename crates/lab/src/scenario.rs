@@ -359,10 +359,7 @@ impl Scenario {
                     out.push(format!("fault #{n} names unknown dns_name {d}"));
                 }
                 match f.mode.as_deref() {
-                    Some(
-                        "fixed" | "alternate" | "nxdomain" | "nodata" | "servfail" | "refused"
-                        | "silent",
-                    ) => {}
+                    Some(m) if upkeep_fakedns::Mode::KEYWORDS.contains(&m) => {}
                     other => out.push(format!("fault #{n}: unknown dns mode {other:?}")),
                 }
             }

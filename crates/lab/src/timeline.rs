@@ -45,15 +45,8 @@ pub struct Timeline {
 
 /// The fake DNS mode named `mode` answering with `addrs`.
 pub fn dns_mode(mode: &str, addrs: Vec<IpAddr>) -> Mode {
-    match mode {
-        "alternate" => Mode::Alternate(addrs),
-        "nxdomain" => Mode::NxDomain,
-        "nodata" => Mode::NoData,
-        "servfail" => Mode::ServFail,
-        "refused" => Mode::Refused,
-        "silent" => Mode::Silent,
-        _ => Mode::Fixed(addrs),
-    }
+    // Scenario validation refuses unknown modes, so the fallback is never taken in a run.
+    Mode::from_keyword(mode, addrs.clone()).unwrap_or(Mode::Fixed(addrs))
 }
 
 /// The addresses a scenario's DNS name answers with in its starting mode.
