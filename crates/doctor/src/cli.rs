@@ -102,12 +102,22 @@ pub struct KeepaliveArgs {
     /// Idle timeout of the hop in front that reuses connections (AWS ALB default: 60s).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub lb_idle: Duration,
-    /// How long to wait for the server to close the idle connection.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
-    pub max_wait: Duration,
+    /// How long to wait for the server to close the idle connection (default: long enough
+    /// to conclude for --lb-idle, i.e. lb-idle + max(10%, 5s) + 1s).
+    #[arg(long, value_parser = parse_duration)]
+    pub max_wait: Option<Duration>,
     /// Output format and gate.
     #[command(flatten)]
     pub output: Output,
+}
+
+impl KeepaliveArgs {
+    /// The wait: as given, or just past what a verdict against `--lb-idle` needs.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait.unwrap_or_else(|| {
+            self.lb_idle + keepalive::margin(self.lb_idle) + Duration::from_secs(1)
+        })
+    }
 }
 
 /// Parses `300s`, `5m`, `250ms`, `1h`; a bare number is seconds.
@@ -152,7 +162,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             &a.output,
         ),
         DoctorCommand::Keepalive(a) => (
-            keepalive::measure(&a.url, a.max_wait)
+            keepalive::measure(&a.url, a.max_wait())
                 .map(|m| vec![keepalive::verdict(&m, a.lb_idle)])
                 .map_err(anyhow::Error::from),
             &a.output,

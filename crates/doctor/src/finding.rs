@@ -19,7 +19,7 @@ pub enum Severity {
     Info,
     /// A trap that turns a transient fault into errors.
     Warning,
-    /// A trap that is already armed or a config nginx would reject.
+    /// A trap already armed, or a setting that cannot work as written.
     Error,
 }
 
@@ -145,10 +145,12 @@ pub const RULES: &[RuleInfo] = &[
     RuleInfo { id: "error-page-retry-shim", description: "An error_page 502 retry into the same upstream cannot help: the empty peer list is a state." },
     RuleInfo { id: "next-upstream-disabled", description: "proxy_next_upstream off where the upstream has several peers: no failover per request." },
     RuleInfo { id: "upstream-keepalive-incomplete", description: "Upstream keepalive without HTTP/1.1 and a cleared Connection header is never used." },
+    RuleInfo { id: "include-missing", description: "An include names a file that is not there; the rest of the config is still checked." },
     RuleInfo { id: "upstream-keepalive-timeout-long", description: "Upstream keepalive_timeout longer than a typical backend keep-alive invites the reuse race." },
     RuleInfo { id: "nxdomain-outage", description: "NXDOMAIN emptied an upstream: no live upstreams until the next re-query." },
-    RuleInfo { id: "nxdomain-no-outage", description: "A name answered NXDOMAIN; other peers carried the traffic this time." },
-    RuleInfo { id: "max-fails-amplification", description: "A few connect failures ejected every peer for fail_timeout." },
+    RuleInfo { id: "nxdomain-no-outage", description: "A name answered NXDOMAIN and no no-live-upstreams followed in the log." },
+    RuleInfo { id: "max-fails-amplification", description: "A few peer failures ejected every peer for fail_timeout although no new failure followed." },
+    RuleInfo { id: "upstream-down", description: "Every peer kept failing through the no-live-upstreams span: the backend itself was down." },
     RuleInfo { id: "zone-memory-exhausted", description: "The upstream zone ran out of memory while adding resolved peers." },
     RuleInfo { id: "dns-timeout-harmless", description: "DNS timeouts or server failures alone: nginx kept the peers." },
     RuleInfo { id: "keepalive-race", description: "Upstream closed a reused keep-alive connection as nginx wrote to it." },

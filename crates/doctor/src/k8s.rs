@@ -147,6 +147,7 @@ pub fn check_paths(paths: &[PathBuf], live: Option<&str>) -> Result<Vec<Finding>
     for o in &objects {
         rules::check_object(o, live, &mut out)?;
     }
+    rules::check_drain(&objects, &mut out);
     order::check(&objects, &mut out);
     Ok(out)
 }

@@ -219,7 +219,7 @@ mod tests {
             verdict(&m(Close::Reset(secs(300))), lb).severity,
             Severity::Error
         );
-        // 305 s behind a 300 s balancer is too tight (the seed's example); 360 s is fine.
+        // 305 s behind a 300 s balancer is too tight; 360 s is fine.
         assert_eq!(
             verdict(&m(Close::Fin(secs(305))), lb).severity,
             Severity::Warning

@@ -1,4 +1,5 @@
-//! The doctor: finds the seeds' traps in nginx configs, error logs, Kubernetes manifests and live servers.
+//! The doctor: finds the traps behind transient 5xx (docs/incidents.md) in nginx configs, error
+//! logs, Kubernetes manifests and live servers.
 #![forbid(unsafe_code)]
 
 pub mod cli;

@@ -4,15 +4,34 @@ pub mod model;
 pub mod parse;
 pub mod rules;
 
-use crate::finding::Finding;
+use crate::finding::{Finding, Location, Severity};
 use std::path::Path;
 
-/// Loads `path` (following `include`) and runs every nginx rule over it.
+/// Loads `path` (following `include`) and runs every nginx rule over it; an include of a
+/// file that is not there is a warning naming it, and the rest is still checked.
 pub fn check_file(
     path: &Path,
     prefix: Option<&Path>,
     root: Option<&Path>,
 ) -> Result<Vec<Finding>, parse::ParseError> {
-    let tree = parse::load(path, prefix, root)?;
-    Ok(rules::check(&tree))
+    let loaded = parse::load_lenient(path, prefix, root)?;
+    let mut out: Vec<Finding> = loaded.missing.iter().map(include_missing).collect();
+    out.extend(rules::check(&loaded.tree));
+    Ok(out)
+}
+
+fn include_missing(e: &parse::ParseError) -> Finding {
+    let name = match &e.kind {
+        parse::ParseErrorKind::IncludeNotFound(n) => n.as_str(),
+        _ => "?",
+    };
+    Finding::new(
+        "include-missing",
+        Severity::Warning,
+        Location::at(e.file.clone(), e.pos.line, e.pos.column),
+        format!("include \"{name}\" is not there, so its directives were not checked; the rest of the config was."),
+        "nginx itself would not start without it (`nginx -t` fails). If the config was copied from another machine, its neighbour files were left behind.",
+        format!("# check against a copy of the machine's whole config directory:\n# upkeep doctor nginx --root COPY_OF_ROOT /etc/nginx/nginx.conf\n# or --prefix DIR when \"{name}\" lives in another directory"),
+    )
+    .with_detail("include", name.to_owned())
 }

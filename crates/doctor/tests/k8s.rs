@@ -1,4 +1,4 @@
-//! Kubernetes rules on fixtures: positions for every rule on the seed's manifest, zero
+//! Kubernetes rules on fixtures: positions for every rule on a manifest with every trap, zero
 //! findings on the clean one, Helm output attributed to its template, live checks against a
 //! loopback server.
 
@@ -28,16 +28,13 @@ fn at(f: &[Finding], rule: &str) -> Vec<(u32, u32)> {
 
 #[test]
 fn probe_same_endpoint_fires_on_shared_health_path() {
-    assert_eq!(
-        at(&check("seed-bad.yaml"), "probe-same-endpoint"),
-        [(28, 21)]
-    );
+    assert_eq!(at(&check("traps.yaml"), "probe-same-endpoint"), [(28, 21)]);
 }
 
 #[test]
 fn liveness_external_deps_fires_on_aggregate_health_path() {
     assert_eq!(
-        at(&check("seed-bad.yaml"), "liveness-external-deps"),
+        at(&check("traps.yaml"), "liveness-external-deps"),
         [(28, 21)]
     );
 }
@@ -45,10 +42,7 @@ fn liveness_external_deps_fires_on_aggregate_health_path() {
 #[test]
 fn initial_delay_without_startup_probe_fires_on_the_guess() {
     assert_eq!(
-        at(
-            &check("seed-bad.yaml"),
-            "initial-delay-without-startup-probe"
-        ),
+        at(&check("traps.yaml"), "initial-delay-without-startup-probe"),
         [(30, 34)]
     );
 }
@@ -56,7 +50,7 @@ fn initial_delay_without_startup_probe_fires_on_the_guess() {
 #[test]
 fn probe_timeout_ge_period_fires_on_equal_timeout_and_period() {
     assert_eq!(
-        at(&check("seed-bad.yaml"), "probe-timeout-ge-period"),
+        at(&check("traps.yaml"), "probe-timeout-ge-period"),
         [(37, 29)]
     );
     // Defaults count: timeout 1 s against an explicit period of 1 s, in a List's Pod.
@@ -68,7 +62,7 @@ fn probe_timeout_ge_period_fires_on_equal_timeout_and_period() {
 
 #[test]
 fn no_drain_fires_without_pre_stop() {
-    assert_eq!(at(&check("seed-bad.yaml"), "no-drain"), [(18, 17)]);
+    assert_eq!(at(&check("traps.yaml"), "no-drain"), [(18, 17)]);
 }
 
 #[test]
@@ -86,7 +80,7 @@ fn no_drain_fires_when_pre_stop_outlasts_the_grace_period() {
 
 #[test]
 fn keepalive_order_fires_when_the_app_closes_before_the_alb() {
-    let f = check("seed-bad.yaml");
+    let f = check("traps.yaml");
     assert_eq!(at(&f, "keepalive-order"), [(25, 22)]);
     let k = f.iter().find(|f| f.rule == "keepalive-order").unwrap();
     assert_eq!(k.severity, Severity::Error);
@@ -115,8 +109,8 @@ fn clean_manifests_give_zero_findings() {
 }
 
 #[test]
-fn seed_manifest_gives_exactly_the_expected_rules() {
-    let mut rules: Vec<&str> = check("seed-bad.yaml").iter().map(|f| f.rule).collect();
+fn traps_manifest_gives_exactly_the_expected_rules() {
+    let mut rules: Vec<&str> = check("traps.yaml").iter().map(|f| f.rule).collect();
     rules.sort_unstable();
     assert_eq!(
         rules,
@@ -252,4 +246,107 @@ fn live_check_against_a_closed_port_is_an_error() {
     .unwrap_err();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(matches!(e, K8sError::Live(_)), "{e:?}");
+}
+
+#[test]
+fn no_drain_only_for_http_workloads_behind_a_service_without_opt_out() {
+    let f = check_paths(&[fixture("workloads")], None).unwrap();
+    let got: Vec<_> = f
+        .iter()
+        .map(|f| {
+            let file = Path::new(&f.location.file)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (f.rule, file, f.location.line.unwrap())
+        })
+        .collect();
+    // Redis and etcd StatefulSets, the Redis Deployment, the DaemonSet, the Job, the worker
+    // without a Service, the annotated API and the cart with a drain give nothing.
+    assert_eq!(got, [("no-drain", "web.yaml".to_owned(), 19)], "{f:#?}");
+    assert!(
+        f[0].problem.contains("Deployment/frontend"),
+        "{}",
+        f[0].problem
+    );
+}
+
+/// Every Kubernetes finding the fixtures produce, covering every k8s rule and both shapes
+/// of the no-drain and keepalive-order fixes.
+fn all_k8s_findings() -> Vec<Finding> {
+    let mut f = Vec::new();
+    for name in [
+        "traps.yaml",
+        "helm-rendered.yaml",
+        "pod-list.yaml",
+        "dir",
+        "workloads",
+    ] {
+        f.extend(check(name));
+    }
+    f
+}
+
+#[test]
+fn every_kubernetes_fix_snippet_parses_as_yaml() {
+    let f = all_k8s_findings();
+    let mut rules: Vec<&str> = f.iter().map(|f| f.rule).collect();
+    rules.sort_unstable();
+    rules.dedup();
+    assert_eq!(
+        rules,
+        [
+            "initial-delay-without-startup-probe",
+            "keepalive-order",
+            "liveness-external-deps",
+            "no-drain",
+            "probe-same-endpoint",
+            "probe-timeout-ge-period"
+        ]
+    );
+    for x in &f {
+        let docs = upkeep_doctor::k8s::yaml::parse_documents(&x.fix)
+            .unwrap_or_else(|e| panic!("{} fix is not YAML ({e}):\n{}", x.rule, x.fix));
+        assert_eq!(docs.len(), 1, "{}", x.fix);
+        assert!(
+            !docs[0].root.entries().is_empty(),
+            "{} fix is not a mapping:\n{}",
+            x.rule,
+            x.fix
+        );
+    }
+    // The preStop fix for clusters before 1.30 names exec's command list.
+    let drain = f
+        .iter()
+        .find(|x| x.rule == "no-drain" && x.fix.contains("preStop"))
+        .unwrap();
+    assert!(
+        drain.fix.contains("exec: { command: [\"sleep\", \"10\"] }"),
+        "{}",
+        drain.fix
+    );
+    let docs = upkeep_doctor::k8s::yaml::parse_documents("exec: { command: [\"sleep\", \"10\"] }")
+        .unwrap();
+    assert_eq!(
+        docs[0]
+            .root
+            .path(&["exec", "command"])
+            .unwrap()
+            .items()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn keepalive_order_fix_keeps_the_containers_own_command() {
+    let f = check("helm-rendered.yaml");
+    let k = f.iter().find(|f| f.rule == "keepalive-order").unwrap();
+    assert!(
+        k.fix
+            .starts_with("command: [\"uvicorn\", \"app:app\", \"--timeout-keep-alive\", \"72\"]"),
+        "{}",
+        k.fix
+    );
 }

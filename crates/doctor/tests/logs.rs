@@ -210,3 +210,84 @@ fn truncated_and_garbled_lines_never_panic() {
         let _ = upkeep_doctor::logs::access::parse_access(&line[..end.min(line.len())]);
     }
 }
+
+#[test]
+fn resets_followed_by_temporarily_disabled_are_max_fails_not_a_keepalive_race() {
+    let f = run(&["reset-disabled.log"], &[]);
+    assert_eq!(rules(&f), ["max-fails-amplification"], "{f:#?}");
+    let ep = &f[0];
+    assert_eq!(ep.location.line, Some(6));
+    assert_eq!(detail(ep, "upstream"), "backend");
+    assert_eq!(detail(ep, "peer_failures"), 2);
+    assert_eq!(detail(ep, "disabled_lines"), 2);
+    assert_eq!(detail(ep, "duration_s"), 10);
+    assert_eq!(detail(ep, "peer"), "10.0.0.5:8080");
+    assert!(ep.problem.contains("connection reset"), "{}", ep.problem);
+    assert!(
+        ep.fix.contains("server 10.0.0.5:8080 max_fails=0;"),
+        "{}",
+        ep.fix
+    );
+    assert!(!ep.fix.contains("resolve "), "{}", ep.fix);
+    assert!(
+        ep.consequence
+            .contains("docs/incidents.md#single-peer-guard"),
+        "{}",
+        ep.consequence
+    );
+}
+
+#[test]
+fn a_backend_down_through_the_whole_span_is_upstream_down_not_amplification() {
+    let f = run(&["long-outage.log"], &[]);
+    assert_eq!(rules(&f), ["upstream-down"], "{f:#?}");
+    let ep = &f[0];
+    assert_eq!(ep.severity, Severity::Error);
+    assert_eq!(detail(ep, "duration_s"), 20);
+    assert_eq!(detail(ep, "peer_failures"), 2);
+    assert_eq!(detail(ep, "failures_during"), 4);
+    assert!(ep.problem.contains("connection refused"), "{}", ep.problem);
+    for text in [&ep.problem, &ep.consequence, &ep.fix] {
+        assert!(!text.contains("blip"), "{text}");
+        assert!(!text.contains("resolve"), "{text}");
+    }
+}
+
+#[test]
+fn client_502s_are_counted_for_the_episodes_own_location_only() {
+    let f = run(&["two-locations.log"], &["two-locations.access.log"]);
+    assert_eq!(rules(&f), ["max-fails-amplification"], "{f:#?}");
+    // Six 502s under /api in the span; three /media 502s of another location and one
+    // /api 502 after the span are not this episode's.
+    assert_eq!(detail(&f[0], "client_502"), 6);
+    assert_eq!(detail(&f[0], "locations"), &serde_json::json!(["/api"]));
+    assert!(
+        f[0].consequence
+            .contains("6 client-visible 502(s) in this span under /api"),
+        "{}",
+        f[0].consequence
+    );
+}
+
+#[test]
+fn nxdomain_without_outage_never_claims_other_peers_carried_502s() {
+    let f = run(&["nxdomain-no-outage.log"], &["nxdomain-502.access.log"]);
+    assert_eq!(rules(&f), ["nxdomain-no-outage"]);
+    assert_eq!(detail(&f[0], "client_502"), 2);
+    assert!(!f[0].problem.contains("carried"), "{}", f[0].problem);
+    assert!(
+        f[0].problem.contains("2 client request(s) got a 502"),
+        "{}",
+        f[0].problem
+    );
+    // Without an access log nothing is claimed either way; with one and no 502, it is.
+    let f = run(&["nxdomain-no-outage.log"], &[]);
+    assert!(!f[0].problem.contains("carried"), "{}", f[0].problem);
+    let f = run(&["nxdomain-no-outage.log"], &["two-locations.access.log"]);
+    assert_eq!(detail(&f[0], "client_502"), 0);
+    assert!(
+        f[0].problem.contains("other peers carried the traffic"),
+        "{}",
+        f[0].problem
+    );
+}

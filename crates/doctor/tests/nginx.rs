@@ -285,3 +285,122 @@ fn parser_never_panics_on_truncated_or_mutated_configs() {
         }
     }
 }
+
+fn file_name(f: &Finding) -> String {
+    Path::new(&f.location.file)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_resolver_file_included_three_times_gives_one_finding_naming_the_includes() {
+    let f = check("swag/nginx.conf");
+    let got: Vec<_> = f
+        .iter()
+        .map(|f| (f.rule, file_name(f), f.location.line, f.location.column))
+        .collect();
+    assert_eq!(
+        got,
+        [(
+            "resolver-valid-long",
+            "resolver.conf".to_owned(),
+            Some(1),
+            Some(21)
+        )],
+        "{f:#?}"
+    );
+    let sites = f[0].details["included_from"].as_array().unwrap();
+    assert_eq!(sites.len(), 3, "{sites:?}");
+    for app in ["grafana", "nextcloud", "sonarr"] {
+        assert!(
+            f[0].problem.contains(&format!("{app}.subdomain.conf:4")),
+            "{}",
+            f[0].problem
+        );
+    }
+    // The fix keeps the user's resolver address and changes only valid=.
+    assert_eq!(f[0].fix, "resolver 127.0.0.11 valid=5s;");
+}
+
+#[test]
+fn a_missing_include_is_a_warning_and_the_fastcgi_upstreams_are_still_checked() {
+    let f = check("fastcgi/nginx.conf");
+    let got: Vec<_> = f
+        .iter()
+        .map(|f| (f.rule, f.location.line, f.location.column))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("include-missing", Some(17), Some(13)),
+            ("resolve-single-name", Some(8), Some(9)),
+            ("next-upstream-disabled", Some(22), Some(13)),
+        ],
+        "{f:#?}"
+    );
+    assert_eq!(f[0].severity, Severity::Warning);
+    assert!(
+        f[0].problem.contains("\"fastcgi_params\""),
+        "{}",
+        f[0].problem
+    );
+    // Retries are written for the module that uses the upstream, never proxy_* here.
+    for x in &f[1..] {
+        assert!(
+            x.fix.contains("fastcgi_next_upstream error timeout;"),
+            "{}",
+            x.fix
+        );
+        assert!(!x.fix.contains("proxy_"), "{}", x.fix);
+    }
+    assert!(f[1]
+        .fix
+        .contains("server php.internal.example.com:9000 resolve;"));
+    assert!(f[2].problem.contains("`fastcgi_next_upstream off`"));
+}
+
+#[test]
+fn compose_service_names_get_a_fix_in_their_own_names_and_resolver() {
+    let f = check("compose/nginx.conf");
+    let got: Vec<_> = f
+        .iter()
+        .map(|f| (f.rule, f.location.line, f.details["host"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("resolve-single-name", Some(8), "relay"),
+            ("resolve-single-name", Some(12), "web")
+        ],
+        "{f:#?}"
+    );
+    for (x, server) in f
+        .iter()
+        .zip(["server relay:3000 resolve;", "server web:9000 resolve;"])
+    {
+        assert!(x.fix.contains("resolver 127.0.0.11 valid=5s;"), "{}", x.fix);
+        assert!(x.fix.contains(server), "{}", x.fix);
+        assert!(!x.fix.contains("data centre"), "{}", x.fix);
+        assert!(!x.fix.contains("10.0.0.2"), "{}", x.fix);
+    }
+}
+
+#[test]
+fn resolve_without_resolver_fix_has_no_made_up_address() {
+    let f = check("resolver-missing.bad.conf");
+    for x in &f {
+        assert!(!x.fix.contains("10.0.0.2"), "{}", x.fix);
+    }
+}
+
+#[test]
+fn strict_load_still_reports_a_missing_include_as_an_error() {
+    let e =
+        upkeep_doctor::nginx::parse::load(&fixture("fastcgi/nginx.conf"), None, None).unwrap_err();
+    assert_eq!(
+        e.kind,
+        ParseErrorKind::IncludeNotFound("fastcgi_params".to_owned())
+    );
+}

@@ -20,7 +20,7 @@ fn sample() -> Vec<Finding> {
         None,
     )
     .unwrap();
-    f.extend(upkeep_doctor::k8s::check_paths(&[fx.join("k8s/seed-bad.yaml")], None).unwrap());
+    f.extend(upkeep_doctor::k8s::check_paths(&[fx.join("k8s/traps.yaml")], None).unwrap());
     let logs = [
         fx.join("logs/nxdomain.log"),
         fx.join("logs/max-fails.log"),
@@ -267,9 +267,78 @@ fn doctor_args_parse_as_a_subcommand_like_the_binary_wires_them() {
         panic!("wrong subcommand")
     };
     assert_eq!(k.lb_idle, std::time::Duration::from_secs(300));
-    assert_eq!(k.max_wait, std::time::Duration::from_secs(30));
+    // The default wait is long enough to conclude against --lb-idle (300 s + 30 s margin).
+    assert_eq!(k.max_wait, None);
+    assert_eq!(k.max_wait(), std::time::Duration::from_secs(331));
     assert!(Upkeep::try_parse_from(["upkeep", "doctor", "nginx"]).is_err());
     assert!(
         Upkeep::try_parse_from(["upkeep", "doctor", "k8s", "x.yaml", "--format", "xml"]).is_err()
     );
+}
+
+#[test]
+fn keepalive_defaults_can_reach_a_verdict() {
+    use std::time::Duration;
+    use upkeep_doctor::keepalive::{verdict, Close, Measurement};
+    let Upkeep::Doctor(a) =
+        Upkeep::try_parse_from(["upkeep", "doctor", "keepalive", "http://127.0.0.1:1/"]).unwrap();
+    let upkeep_doctor::cli::DoctorCommand::Keepalive(k) = a.command else {
+        panic!("wrong subcommand")
+    };
+    assert_eq!(k.lb_idle, Duration::from_secs(60));
+    // A server still open when the default wait ends outlasts the default hop: a verdict,
+    // not "cannot conclude".
+    let m = Measurement {
+        url: "http://127.0.0.1:1/".to_owned(),
+        status: 200,
+        hint: None,
+        connection_close: false,
+        close: Close::StillOpen(k.max_wait()),
+    };
+    let v = verdict(&m, k.lb_idle);
+    assert!(v.consequence.contains("no reuse race"), "{}", v.consequence);
+    assert!(
+        !v.consequence.contains("Cannot conclude"),
+        "{}",
+        v.consequence
+    );
+}
+
+#[test]
+fn no_user_facing_text_of_the_doctor_speaks_of_seeds_or_write_ups() {
+    use clap::CommandFactory;
+    let mut help = Vec::new();
+    let mut cmd = Upkeep::command();
+    for sub in ["nginx", "logs", "k8s", "keepalive"] {
+        let mut c = cmd
+            .find_subcommand_mut("doctor")
+            .unwrap()
+            .find_subcommand_mut(sub)
+            .unwrap()
+            .clone();
+        help.push(c.render_long_help().to_string());
+    }
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/doctor.md"))
+            .unwrap();
+    let findings: Vec<String> = sample()
+        .iter()
+        .map(|f| format!("{} {} {}", f.problem, f.consequence, f.fix))
+        .collect();
+    let rules: Vec<String> = RULES.iter().map(|r| r.description.to_owned()).collect();
+    for text in help
+        .iter()
+        .chain(&findings)
+        .chain(&rules)
+        .chain(std::iter::once(&docs))
+    {
+        let lower = text.to_lowercase();
+        for word in ["seed", "write-up", "writeup"] {
+            assert!(!lower.contains(word), "{word:?} in: {text}");
+        }
+    }
+    // The --fail-on help of checks that are not configs does not speak of configs nginx rejects.
+    for h in &help {
+        assert!(!h.contains("nginx would reject"), "{h}");
+    }
 }

@@ -25,7 +25,7 @@ enum Command {
     Lab(upkeep_lab::cli::LabArgs),
     /// Run the scenario catalog briefly against upkeep and every installed peer proxy.
     Demo(upkeep_lab::cli::DemoArgs),
-    /// Find the seeds' traps in nginx configs, error logs, Kubernetes manifests, live servers.
+    /// Find the traps behind transient 502s in nginx configs, error logs, Kubernetes manifests, live servers.
     Doctor(upkeep_doctor::cli::DoctorArgs),
 }
 

@@ -24,13 +24,39 @@ struct AppIdle<'a> {
     secs: f64,
     node: &'a Node,
     how: String,
+    /// `command` or `args`, when read from a flag there.
+    list: Option<&'static str>,
+}
+
+/// The container's `command` or `args` list as written, with the keep-alive flag's value
+/// set to `want`, as a YAML flow sequence.
+fn list_with_value(c: &Node, list: &str, flag: &str, want: f64) -> String {
+    let items = c.get(list).map(Node::items).unwrap_or_default();
+    let mut words: Vec<String> = Vec::new();
+    let mut replace_next = false;
+    for item in items {
+        let w = item.as_str().unwrap_or("");
+        let out = if replace_next {
+            replace_next = false;
+            format!("{want}")
+        } else if w == flag {
+            replace_next = true;
+            w.to_owned()
+        } else if w.starts_with(&format!("{flag}=")) {
+            format!("{flag}={want}")
+        } else {
+            w.to_owned()
+        };
+        words.push(serde_json::Value::String(out).to_string());
+    }
+    format!("{list}: [{}]", words.join(", "))
 }
 
 fn annotation<'a>(o: &Object<'a>, key: &str) -> Option<&'a Node> {
     o.root.path(&["metadata", "annotations"])?.get(key)
 }
 
-fn same_ns(a: &Object<'_>, b: &Object<'_>) -> bool {
+pub(super) fn same_ns(a: &Object<'_>, b: &Object<'_>) -> bool {
     a.namespace().unwrap_or("default") == b.namespace().unwrap_or("default")
 }
 
@@ -122,20 +148,30 @@ fn app_idle(c: &Node) -> Option<AppIdle<'_>> {
                 secs: v.as_f64()? / 1000.0,
                 node: v,
                 how: "KEEP_ALIVE_TIMEOUT (ms)".to_owned(),
+                list: None,
             });
         }
     }
-    let words: Vec<&Node> = ["command", "args"]
+    let words: Vec<(&'static str, &Node)> = ["command", "args"]
         .iter()
-        .flat_map(|k| c.get(k).map(Node::items).unwrap_or_default())
+        .flat_map(|k| {
+            c.get(k)
+                .map(Node::items)
+                .unwrap_or_default()
+                .iter()
+                .map(move |n| (*k, n))
+        })
         .collect();
-    for (i, w) in words.iter().enumerate() {
+    for (i, (list, w)) in words.iter().enumerate() {
         let Some(s) = w.as_str() else { continue };
         for flag in ["--timeout-keep-alive", "--keep-alive", "--keepalive"] {
             let value = if let Some(v) = s.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
                 Some(v.to_owned())
             } else if s == flag {
-                words.get(i + 1).and_then(|n| n.as_str()).map(str::to_owned)
+                words
+                    .get(i + 1)
+                    .and_then(|(_, n)| n.as_str())
+                    .map(str::to_owned)
             } else {
                 None
             };
@@ -144,6 +180,7 @@ fn app_idle(c: &Node) -> Option<AppIdle<'_>> {
                     secs,
                     node: w,
                     how: flag.to_owned(),
+                    list: Some(*list),
                 });
             }
         }
@@ -151,7 +188,7 @@ fn app_idle(c: &Node) -> Option<AppIdle<'_>> {
     None
 }
 
-fn selects(selector: &Node, labels: Option<&Node>) -> bool {
+pub(super) fn selects(selector: &Node, labels: Option<&Node>) -> bool {
     let pairs = selector.entries();
     !pairs.is_empty()
         && pairs.iter().all(|(k, v)| {
@@ -201,10 +238,9 @@ pub fn check(objects: &[Object<'_>], out: &mut Vec<Finding>) {
                                 w.label(), w.from_template(), app.secs, app.how, lb.what, lb.obj.label(), lb.obj.file, lb.evidence.line
                             ),
                             "The app closes an idle connection while the load balancer still believes it good and writes the next request into it: random 502s, every one on a reused connection. The side that decides reuse must close first (load balancer 300 s -> app 360 s; 305 s is too tight).",
-                            if app.how.contains("ms") {
-                                format!("env:\n  - name: KEEP_ALIVE_TIMEOUT\n    value: \"{}\"   # ms, above the balancer's {} s", want as u64 * 1000, lb.idle)
-                            } else {
-                                format!("args: [\"{}\", \"{}\"]   # s, above the balancer's {} s", app.how, want, lb.idle)
+                            match app.list {
+                                None => format!("env:\n  - name: KEEP_ALIVE_TIMEOUT\n    value: \"{}\"   # ms, above the balancer's {} s", want as u64 * 1000, lb.idle),
+                                Some(list) => format!("{}   # {} in s, above the balancer's {} s", list_with_value(c, list, &app.how, want), app.how, lb.idle),
                             },
                         )
                         .with_detail("lb_idle_s", lb.idle)

@@ -1,6 +1,7 @@
 //! Probe and drain rules for one workload.
 
 use super::live;
+use super::order::{same_ns, selects};
 use super::yaml::Node;
 use super::{pod_template, K8sError, Object};
 use crate::finding::{Finding, Severity};
@@ -11,14 +12,46 @@ const DEFAULT_TIMEOUT: f64 = 1.0;
 const DEFAULT_PERIOD: f64 = 10.0;
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE: f64 = 30.0;
-/// Kinds whose pods serve traffic for a long time and so need a drain.
+/// Kinds whose pods serve requests for a long time behind a Service and so need a drain
+/// (DaemonSets run node agents, Jobs run to completion).
 const SERVING: &[&str] = &[
     "Deployment",
     "StatefulSet",
-    "DaemonSet",
     "ReplicaSet",
     "ReplicationController",
+    "Pod",
 ];
+/// Ports that serve HTTP in the usual images, when neither port nor probe says so by name.
+const HTTP_PORTS: &[f64] = &[
+    80.0, 443.0, 3000.0, 5000.0, 8000.0, 8080.0, 8081.0, 8443.0, 8888.0,
+];
+/// Image names of datastores and brokers: clients reconnect, there is no HTTP request to cut.
+const DATASTORES: &[&str] = &[
+    "redis",
+    "etcd",
+    "postgres",
+    "mysql",
+    "mariadb",
+    "mongo",
+    "cassandra",
+    "zookeeper",
+    "kafka",
+    "elasticsearch",
+    "opensearch",
+    "rabbitmq",
+    "memcached",
+    "consul",
+    "nats",
+    "couchdb",
+    "cockroach",
+    "valkey",
+    "keydb",
+];
+/// The opt-out: the container drains by itself on SIGTERM (keeps serving while the
+/// endpoints update, then closes), so it needs no preStop sleep.
+pub const DRAIN_ANNOTATION: &str = "upkeep/drain";
+/// The value of [`DRAIN_ANNOTATION`] that opts out.
+pub const DRAIN_ON_SIGTERM: &str = "on-sigterm";
 
 struct Probe<'a> {
     node: &'a Node,
@@ -40,6 +73,15 @@ fn probe(node: &Node) -> Probe<'_> {
         port: http.and_then(|h| h.get("port")).and_then(Node::as_str),
         timeout: num("timeoutSeconds", DEFAULT_TIMEOUT),
         period: num("periodSeconds", DEFAULT_PERIOD),
+    }
+}
+
+/// The probe's own port for a fix snippet, quoted when YAML would misread it.
+fn yaml_port(port: Option<&str>) -> String {
+    match port {
+        Some(p) if p.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') => p.to_owned(),
+        Some(p) => serde_json::Value::String(p.to_owned()).to_string(),
+        None => "http".to_owned(),
     }
 }
 
@@ -67,7 +109,6 @@ pub fn check_object(
     let Some((_, spec)) = pod_template(o) else {
         return Ok(());
     };
-    let grace = spec.get("terminationGracePeriodSeconds");
     for c in spec.get("containers").map(Node::items).unwrap_or_default() {
         let cname = c.get("name").and_then(Node::as_str).unwrap_or("?");
         let who = format!(
@@ -94,11 +135,84 @@ pub fn check_object(
                 timeout_ge_period(o, &who, kind, p, out);
             }
         }
-        if SERVING.contains(&o.kind()) && (c.get("ports").is_some() || readiness.is_some()) {
+    }
+    Ok(())
+}
+
+/// Runs `no-drain` on every workload that serves HTTP behind a Service of the same input.
+pub fn check_drain(objects: &[Object<'_>], out: &mut Vec<Finding>) {
+    for o in objects {
+        if !SERVING.contains(&o.kind()) {
+            continue;
+        }
+        let Some((meta, spec)) = pod_template(o) else {
+            continue;
+        };
+        let opted_out = [o.root.get("metadata"), meta].iter().flatten().any(|m| {
+            m.path(&["annotations", DRAIN_ANNOTATION])
+                .and_then(Node::as_str)
+                == Some(DRAIN_ON_SIGTERM)
+        });
+        let labels = meta.and_then(|m| m.get("labels"));
+        let behind_service = objects.iter().any(|svc| {
+            svc.kind() == "Service"
+                && same_ns(svc, o)
+                && svc
+                    .root
+                    .path(&["spec", "selector"])
+                    .is_some_and(|sel| selects(sel, labels))
+        });
+        if opted_out || !behind_service {
+            continue;
+        }
+        let grace = spec.get("terminationGracePeriodSeconds");
+        for c in spec.get("containers").map(Node::items).unwrap_or_default() {
+            if !serves_http(c) {
+                continue;
+            }
+            let cname = c.get("name").and_then(Node::as_str).unwrap_or("?");
+            let who = format!(
+                "container \"{cname}\" of {}{}",
+                o.label(),
+                o.from_template()
+            );
             drain(o, &who, c, grace, out);
         }
     }
-    Ok(())
+}
+
+/// Whether a container serves HTTP: an httpGet probe, a port named for HTTP or gRPC, or a
+/// usual HTTP port number; never a datastore image.
+fn serves_http(c: &Node) -> bool {
+    let image = c.get("image").and_then(Node::as_str).unwrap_or("");
+    let name = image
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .split([':', '@'])
+        .next()
+        .unwrap_or("");
+    if DATASTORES.iter().any(|d| name.contains(d)) {
+        return false;
+    }
+    let http_probe = ["readinessProbe", "livenessProbe", "startupProbe"]
+        .iter()
+        .any(|p| c.path(&[*p, "httpGet"]).is_some());
+    let http_port = c
+        .get("ports")
+        .map(Node::items)
+        .unwrap_or_default()
+        .iter()
+        .any(|p| {
+            let pname = p.get("name").and_then(Node::as_str).unwrap_or("");
+            ["http", "web", "grpc", "h2c"]
+                .iter()
+                .any(|w| pname.starts_with(w))
+                || p.get("containerPort")
+                    .and_then(Node::as_f64)
+                    .is_some_and(|n| HTTP_PORTS.contains(&n))
+        });
+    http_probe || http_port
 }
 
 fn same_endpoint(
@@ -121,8 +235,8 @@ fn same_endpoint(
         Severity::Warning,
         o.at(lp),
         format!("{who} uses {path} for both liveness and readiness."),
-        "When that endpoint fails for a reason a restart cannot fix (a slow or down dependency), readiness pulls the pod from the load balancer and liveness restarts it, over and over: in the seed one optional search engine down made the whole service 503 and restarted healthy pods.",
-        "livenessProbe:\n  httpGet: { path: /livez, port: http }    # process alive, no external I/O\nreadinessProbe:\n  httpGet: { path: /readyz, port: http }   # core dependencies only",
+        "When that endpoint fails for a reason a restart cannot fix (a slow or down dependency), readiness pulls the pod from the load balancer and liveness restarts it, over and over: one optional search engine down made the whole service 503 and restarted healthy pods (docs/incidents.md#probe-cascade).",
+        format!("livenessProbe:\n  httpGet: {{ path: /livez, port: {port} }}    # process alive, no external I/O\nreadinessProbe:\n  httpGet: {{ path: /readyz, port: {port} }}   # core dependencies only", port = yaml_port(l.port)),
     ));
 }
 
@@ -137,15 +251,15 @@ fn external_deps(
         return Ok(());
     };
     let path = path_node.as_str().unwrap_or("");
-    let fix = "livenessProbe:\n  httpGet: { path: /livez, port: http }   # answers from memory, no database, cache or search calls";
+    let fix = format!("livenessProbe:\n  httpGet: {{ path: /livez, port: {} }}   # answers from memory, no database, cache or search calls", yaml_port(l.port));
     if looks_aggregate(path) {
         out.push(Finding::new(
             "liveness-external-deps",
             Severity::Warning,
             o.at(path_node),
             format!("{who} points liveness at {path}, which reads like an aggregate health check of dependencies."),
-            "A dependency that is slow or down fails liveness and Kubernetes restarts a process that was fine (failureThreshold x period: 3 x 10 s in the seed), which cannot fix the dependency.",
-            fix,
+            "A dependency that is slow or down fails liveness and Kubernetes restarts a process that was fine (after failureThreshold x period, 3 x 10 s by default), which cannot fix the dependency (docs/incidents.md#probe-cascade).",
+            fix.clone(),
         ));
     }
     let Some(base) = live_base else { return Ok(()) };
@@ -170,7 +284,7 @@ fn external_deps(
                 o.at(path_node),
                 format!("{who}: {url} took {secs:.2} s against timeoutSeconds {timeout}."),
                 "A liveness endpoint this slow fails or nearly fails on a busy moment, and each failure counts towards a restart.",
-                fix,
+                fix.clone(),
             )
             .with_detail("measured_s", secs)
             .with_detail("timeout_s", timeout),
@@ -183,7 +297,7 @@ fn external_deps(
                 Severity::Warning,
                 o.at(path_node),
                 format!("{who}: {url} reports dependency checks ({}).", m.dependencies.join(", ")),
-                "Liveness then fails when one of those is down, and the restart fixes nothing: the seed's optional search engine took the whole service down this way.",
+                "Liveness then fails when one of those is down, and the restart fixes nothing: one optional search engine took a whole service down this way (docs/incidents.md#probe-cascade).",
                 fix,
             )
             .with_detail("dependencies", m.dependencies.clone()),
@@ -205,7 +319,7 @@ fn initial_delay(o: &Object<'_>, who: &str, l: &Probe<'_>, out: &mut Vec<Finding
         o.at(n),
         format!("{who} guesses start-up time with liveness initialDelaySeconds: {delay} and has no startupProbe."),
         "A boot slower than the guess gets the pod killed before it is up (a restart loop); a faster one waits for nothing. A startupProbe holds liveness and readiness until boot is done.",
-        "startupProbe:\n  httpGet: { path: /livez, port: http }\n  periodSeconds: 5\n  failureThreshold: 30   # up to 150 s of boot\n# and drop initialDelaySeconds from livenessProbe",
+        format!("startupProbe:\n  httpGet: {{ path: /livez, port: {} }}\n  periodSeconds: 5\n  failureThreshold: 30   # up to 150 s of boot\n# and drop initialDelaySeconds from livenessProbe", yaml_port(l.port)),
     ));
 }
 
@@ -251,7 +365,7 @@ fn drain(o: &Object<'_>, who: &str, c: &Node, grace: Option<&Node>, out: &mut Ve
             o.at(c.get("name").unwrap_or(c)),
             format!("{who} has no preStop hook, so SIGTERM arrives while load balancers still send it traffic."),
             "Endpoints are removed from kube-proxy and load balancers at the same moment the container is told to stop; requests routed in those seconds hit a process that is closing: 502/503s on every rollout.",
-            "lifecycle:\n  preStop:\n    sleep: { seconds: 10 }   # or exec: [\"sleep\", \"10\"] before Kubernetes 1.30\n# and terminationGracePeriodSeconds above 10 + the longest request",
+            "lifecycle:\n  preStop:\n    sleep: { seconds: 10 }   # Kubernetes 1.30+; before: exec: { command: [\"sleep\", \"10\"] }\n# and in the pod spec, terminationGracePeriodSeconds above 10 + the longest request;\n# or, when the server itself keeps serving for a while on SIGTERM, annotate the pod:\n# metadata: { annotations: { upkeep/drain: on-sigterm } }",
         )),
         Some(ps) => {
             let Some(sleep) = pre_stop_sleep(ps) else { return };

@@ -9,6 +9,8 @@ pub struct AccessEntry {
     pub time: i64,
     /// The status sent to the client.
     pub status: u16,
+    /// The location key of its request line (see `location_of_request`).
+    pub location: Option<String>,
     /// The last field when it looks like `$upstream_status` (`502`, `502, 502`, `-`).
     pub upstream_status: Option<String>,
 }
@@ -21,6 +23,7 @@ pub fn parse_access(line: &[u8]) -> Option<AccessEntry> {
     let rest = &line[close + 1..];
     let q1 = memchr::memchr(b'"', rest)?;
     let q2 = q1 + 1 + memchr::memchr(b'"', &rest[q1 + 1..])?;
+    let location = super::location_of_request(&rest[q1 + 1..q2]);
     let after = rest.get(q2 + 1..)?.trim_ascii_start();
     let digits = after.get(..3)?;
     if !digits.iter().all(u8::is_ascii_digit) {
@@ -38,6 +41,7 @@ pub fn parse_access(line: &[u8]) -> Option<AccessEntry> {
     Some(AccessEntry {
         time,
         status,
+        location,
         upstream_status,
     })
 }
@@ -69,6 +73,7 @@ mod tests {
             br#"127.0.0.1 - - [30/Nov/2026:08:10:38 +0000] "GET /a HTTP/1.1" 200 7 "-" "curl/8""#;
         let e = parse_access(plain).unwrap();
         assert_eq!((e.status, e.upstream_status), (200, None));
+        assert_eq!(e.location.as_deref(), Some("/a"));
         assert!(parse_access(b"garbage").is_none());
     }
 }

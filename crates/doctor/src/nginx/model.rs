@@ -39,14 +39,19 @@ pub struct Upstream<'a> {
     pub has_resolver: bool,
 }
 
-/// A `proxy_pass` and the settings in effect for it.
+/// The modules that pass requests to an upstream: `proxy_pass`, `fastcgi_pass`, ...
+pub const PASS_MODULES: &[&str] = &["proxy", "fastcgi", "uwsgi", "scgi", "grpc"];
+
+/// A `*_pass` (proxy, fastcgi, uwsgi, scgi, grpc) and the settings in effect for it.
 #[derive(Debug)]
 pub struct ProxyUse<'a> {
-    /// The `proxy_pass` directive.
+    /// The `*_pass` directive (named for the common case, `proxy_pass`).
     pub proxy_pass: &'a Directive,
+    /// Its module: `proxy`, `fastcgi`, `uwsgi`, `scgi` or `grpc`.
+    pub module: &'static str,
     /// Index of the upstream it names, when it names one.
     pub upstream: Option<usize>,
-    /// `proxy_next_upstream` in effect.
+    /// `<module>_next_upstream` in effect.
     pub next_upstream: Option<&'a Directive>,
     /// `proxy_http_version` in effect.
     pub http_version: Option<&'a Directive>,
@@ -65,7 +70,7 @@ pub struct ProxyUse<'a> {
 pub struct Model<'a> {
     /// All http upstream blocks.
     pub upstreams: Vec<Upstream<'a>>,
-    /// All proxy_pass uses.
+    /// All `*_pass` uses.
     pub proxy_uses: Vec<ProxyUse<'a>>,
     /// All `resolver` directives (http context).
     pub resolvers: Vec<&'a Directive>,
@@ -90,12 +95,29 @@ const OPAQUE: &[&str] = &[
 
 #[derive(Clone, Default)]
 struct Ctx<'a> {
-    next_upstream: Option<&'a Directive>,
+    /// `<module>_next_upstream` per entry of `PASS_MODULES`.
+    next_upstream: [Option<&'a Directive>; 5],
     http_version: Option<&'a Directive>,
     set_headers: Vec<&'a Directive>,
     error_pages: Vec<&'a Directive>,
     named: Option<String>,
     server: Option<usize>,
+}
+
+impl Model<'_> {
+    /// The modules whose `*_pass` sends requests to upstream `i`, `proxy` when none does.
+    pub fn modules_of(&self, i: usize) -> Vec<&'static str> {
+        let mut m: Vec<&'static str> = Vec::new();
+        for u in self.proxy_uses.iter().filter(|u| u.upstream == Some(i)) {
+            if !m.contains(&u.module) {
+                m.push(u.module);
+            }
+        }
+        if m.is_empty() {
+            m.push("proxy");
+        }
+        m
+    }
 }
 
 impl<'a> Model<'a> {
@@ -129,8 +151,14 @@ impl<'a> Model<'a> {
         let mut headers_here = Vec::new();
         let mut pages_here = Vec::new();
         for d in dirs {
+            if let Some(i) = d
+                .name
+                .strip_suffix("_next_upstream")
+                .and_then(|m| PASS_MODULES.iter().position(|p| *p == m))
+            {
+                ctx.next_upstream[i] = Some(d);
+            }
             match d.name.as_str() {
-                "proxy_next_upstream" => ctx.next_upstream = Some(d),
                 "proxy_http_version" => ctx.http_version = Some(d),
                 "proxy_set_header" => headers_here.push(d),
                 "error_page" => pages_here.push(d),
@@ -144,13 +172,19 @@ impl<'a> Model<'a> {
             ctx.error_pages = pages_here;
         }
         for d in dirs {
+            let pass = d
+                .name
+                .strip_suffix("_pass")
+                .and_then(|m| PASS_MODULES.iter().position(|p| *p == m));
             match d.name.as_str() {
-                "proxy_pass" => {
+                _ if pass.is_some() && d.block.is_none() => {
+                    let i = pass.unwrap_or_default();
                     let upstream = d.arg(0).and_then(|t| self.upstream_index(t));
                     self.proxy_uses.push(ProxyUse {
                         proxy_pass: d,
+                        module: PASS_MODULES[i],
                         upstream,
-                        next_upstream: ctx.next_upstream,
+                        next_upstream: ctx.next_upstream[i],
                         http_version: ctx.http_version,
                         set_headers: ctx.set_headers.clone(),
                         error_pages: ctx.error_pages.clone(),
@@ -180,12 +214,10 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// The upstream a `proxy_pass` target names: `http://name[/uri]` with no port and no
+    /// The upstream a `*_pass` target names: `[scheme://]name[/uri]` with no port and no
     /// variables (a port or a variable never refers to an `upstream {}` block).
     fn upstream_index(&self, target: &str) -> Option<usize> {
-        let rest = target
-            .strip_prefix("http://")
-            .or_else(|| target.strip_prefix("https://"))?;
+        let rest = target.split_once("://").map_or(target, |(_, r)| r);
         let host = rest.split('/').next()?;
         if host.contains([':', '$']) {
             return None;

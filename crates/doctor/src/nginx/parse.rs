@@ -44,6 +44,8 @@ pub struct Directive {
     pub file: Arc<str>,
     /// Where its name starts.
     pub pos: Pos,
+    /// `file:line` of the `include` that read its file, when it came from one.
+    pub included_at: Option<Arc<str>>,
 }
 
 impl Directive {
@@ -320,6 +322,7 @@ pub fn parse_str(src: &[u8], file: &str) -> Result<Vec<Directive>, ParseError> {
                     block: None,
                     file: file.clone(),
                     pos: name.pos,
+                    included_at: None,
                 };
                 if open {
                     if stack.len() >= MAX_DEPTH {
@@ -383,17 +386,42 @@ impl Base {
     }
 }
 
-/// Reads a configuration file and every file it includes, in place.
-///
-/// Relative `include` paths resolve against `prefix`, or the directory of `path` when none
-/// is given (what `nginx -c FILE` does). Absolute ones resolve under `root` when given, so a
-/// copy of another machine's `/etc/nginx` can be checked as it stands. Globs are expanded in
-/// sorted order, as nginx does.
+/// A configuration read with [`load_lenient`]: the tree, and the includes it had to skip.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The directives, includes expanded in place.
+    pub tree: Vec<Directive>,
+    /// `include`s of a file that is not there (kind `IncludeNotFound`), in reading order.
+    pub missing: Vec<ParseError>,
+}
+
+/// Reads a configuration file and every file it includes, in place; a missing include is
+/// an error.
 pub fn load(
     path: &Path,
     prefix: Option<&Path>,
     root: Option<&Path>,
 ) -> Result<Vec<Directive>, ParseError> {
+    let loaded = load_lenient(path, prefix, root)?;
+    match loaded.missing.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(loaded.tree),
+    }
+}
+
+/// Reads a configuration file and every file it includes, in place, skipping (and listing)
+/// includes of files that are not there: a config copied without a neighbour such as
+/// `fastcgi_params` is still checked.
+///
+/// Relative `include` paths resolve against `prefix`, or the directory of `path` when none
+/// is given (what `nginx -c FILE` does). Absolute ones resolve under `root` when given, so a
+/// copy of another machine's `/etc/nginx` can be checked as it stands. Globs are expanded in
+/// sorted order, as nginx does.
+pub fn load_lenient(
+    path: &Path,
+    prefix: Option<&Path>,
+    root: Option<&Path>,
+) -> Result<Loaded, ParseError> {
     let prefix = match prefix {
         Some(p) => p.to_path_buf(),
         None => path
@@ -405,10 +433,17 @@ pub fn load(
         prefix,
         root: root.map(Path::to_path_buf),
     };
-    load_file(path, &base, 0)
+    let mut missing = Vec::new();
+    let tree = load_file(path, &base, 0, &mut missing)?;
+    Ok(Loaded { tree, missing })
 }
 
-fn load_file(path: &Path, prefix: &Base, depth: usize) -> Result<Vec<Directive>, ParseError> {
+fn load_file(
+    path: &Path,
+    prefix: &Base,
+    depth: usize,
+    missing: &mut Vec<ParseError>,
+) -> Result<Vec<Directive>, ParseError> {
     let name = path.display().to_string();
     let src = std::fs::read(path).map_err(|e| ParseError {
         file: name.clone(),
@@ -416,10 +451,28 @@ fn load_file(path: &Path, prefix: &Base, depth: usize) -> Result<Vec<Directive>,
         kind: ParseErrorKind::Io(e.to_string()),
     })?;
     let tree = parse_str(&src, &name)?;
-    expand(tree, prefix, depth)
+    expand(tree, prefix, depth, missing)
 }
 
-fn expand(tree: Vec<Directive>, prefix: &Base, depth: usize) -> Result<Vec<Directive>, ParseError> {
+/// Marks the directives read from an included file (not those of deeper includes, which
+/// already carry their own site) with the `include` that read them.
+fn mark_included(dirs: &mut [Directive], site: &Arc<str>) {
+    for d in dirs {
+        if d.included_at.is_none() {
+            d.included_at = Some(site.clone());
+            if let Some(b) = d.block.as_mut() {
+                mark_included(b, site);
+            }
+        }
+    }
+}
+
+fn expand(
+    tree: Vec<Directive>,
+    prefix: &Base,
+    depth: usize,
+    missing: &mut Vec<ParseError>,
+) -> Result<Vec<Directive>, ParseError> {
     let mut out = Vec::with_capacity(tree.len());
     for mut d in tree {
         if d.name == "include" && d.block.is_none() {
@@ -435,6 +488,7 @@ fn expand(tree: Vec<Directive>, prefix: &Base, depth: usize) -> Result<Vec<Direc
                 return Err(at(ParseErrorKind::IncludeArgs));
             };
             let target = prefix.resolve(&arg.value);
+            let site: Arc<str> = Arc::from(format!("{}:{}", d.file, d.pos.line));
             let pattern = target.to_string_lossy().into_owned();
             if arg.value.contains(['*', '?', '[']) {
                 let paths = glob::glob(&pattern).map_err(|e| {
@@ -449,17 +503,21 @@ fn expand(tree: Vec<Directive>, prefix: &Base, depth: usize) -> Result<Vec<Direc
                     .collect();
                 files.sort();
                 for f in files {
-                    out.extend(load_file(&f, prefix, depth + 1)?);
+                    let mut inc = load_file(&f, prefix, depth + 1, missing)?;
+                    mark_included(&mut inc, &site);
+                    out.extend(inc);
                 }
             } else if target.is_file() {
-                out.extend(load_file(&target, prefix, depth + 1)?);
+                let mut inc = load_file(&target, prefix, depth + 1, missing)?;
+                mark_included(&mut inc, &site);
+                out.extend(inc);
             } else {
-                return Err(at(ParseErrorKind::IncludeNotFound(arg.value.clone())));
+                missing.push(at(ParseErrorKind::IncludeNotFound(arg.value.clone())));
             }
             continue;
         }
         if let Some(block) = d.block.take() {
-            d.block = Some(expand(block, prefix, depth)?);
+            d.block = Some(expand(block, prefix, depth, missing)?);
         }
         out.push(d);
     }

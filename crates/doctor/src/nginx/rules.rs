@@ -1,9 +1,9 @@
-//! The nginx config rules: the seeds' traps found in a parsed configuration.
+//! The nginx config rules: the traps of docs/incidents.md found in a parsed configuration.
 
 use super::model::{Model, ProxyUse, Upstream};
 use super::parse::{Arg, Directive};
 use crate::finding::{Finding, Location, Severity};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// A resolver `valid=` above this many seconds is reported.
 const VALID_LIMIT_SECS: f64 = 10.0;
@@ -28,9 +28,9 @@ fn loc_a(d: &Directive, a: &Arg) -> Location {
 pub fn check(tree: &[Directive]) -> Vec<Finding> {
     let model = Model::build(tree);
     let mut out = Vec::new();
-    for up in &model.upstreams {
+    for (i, up) in model.upstreams.iter().enumerate() {
         duplicate_host(up, &mut out);
-        single_name(up, &mut out);
+        single_name(&model, i, up, &mut out);
         resolve_setup(&model, up, &mut out);
         zone_size(up, &mut out);
         keepalive_timeout(up, &mut out);
@@ -55,8 +55,80 @@ pub fn check(tree: &[Directive]) -> Vec<Finding> {
             b.rule,
         ))
     });
+    one_per_position(tree, out)
+}
+
+/// Collects, for each `(file, line)`, the `include` sites that read it.
+fn include_sites(dirs: &[Directive], out: &mut HashMap<(String, u32), BTreeSet<String>>) {
+    for d in dirs {
+        if let Some(site) = &d.included_at {
+            out.entry((d.file.to_string(), d.pos.line))
+                .or_default()
+                .insert(site.to_string());
+        }
+        include_sites(d.children(), out);
+    }
+}
+
+/// A file included several times yields its directives several times: keep one finding per
+/// rule and position, and name the includes that read it.
+fn one_per_position(tree: &[Directive], findings: Vec<Finding>) -> Vec<Finding> {
+    let mut sites = HashMap::new();
+    include_sites(tree, &mut sites);
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for mut f in findings {
+        let key = (
+            f.rule,
+            f.location.file.clone(),
+            f.location.line,
+            f.location.column,
+            f.problem.clone(),
+        );
+        if !seen.insert(key) {
+            continue;
+        }
+        let at = sites.get(&(f.location.file.clone(), f.location.line.unwrap_or(0)));
+        if let Some(at) = at {
+            if at.len() > 1 {
+                let list: Vec<&str> = at.iter().map(String::as_str).collect();
+                f.problem = format!(
+                    "{} (this file is included {} times: {})",
+                    f.problem,
+                    at.len(),
+                    list.join(", ")
+                );
+            }
+            f = f.with_detail("included_from", at.iter().cloned().collect::<Vec<String>>());
+        }
+        out.push(f);
+    }
     out
 }
+
+/// The `*_next_upstream` / `*_connect_timeout` lines for the modules that use an upstream.
+fn retry_lines(modules: &[&str]) -> String {
+    modules
+        .iter()
+        .map(|m| format!("{m}_next_upstream error timeout;\n{m}_connect_timeout 1s;"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The DNS servers of the config's `resolver` lines (the first one found), if any.
+fn resolver_addrs<'a>(model: &Model<'a>) -> Option<Vec<&'a str>> {
+    let r: &'a Directive = model.resolvers.first().copied()?;
+    let addrs: Vec<&str> = r
+        .args
+        .iter()
+        .map(|a| a.value.as_str())
+        .filter(|v| !v.contains('='))
+        .collect();
+    (!addrs.is_empty()).then_some(addrs)
+}
+
+/// Docker's embedded DNS server, which compose service names resolve through.
+const DOCKER_DNS: &str = "127.0.0.11";
 
 fn duplicate_host(up: &Upstream<'_>, out: &mut Vec<Finding>) {
     let mut groups: BTreeMap<(&str, u16), Vec<usize>> = BTreeMap::new();
@@ -78,7 +150,7 @@ fn duplicate_host(up: &Upstream<'_>, out: &mut Vec<Finding>) {
                 "upstream \"{}\" has {} `resolve` lines for {host}:{port}, which nginx counts as {} peers with the same address, so its single-peer guard is off and max_fails (default 1) is armed.",
                 up.name, lines.len(), lines.len()
             ),
-            "One connect failure marks every copy failed and nginx answers 502 \"no live upstreams\" for fail_timeout even after the backend is back: 2 s of refused connections cost a 10.4 s outage and 5,210 502s (vs 1,047 with one line).",
+            "One connect failure marks every copy failed and nginx answers 502 \"no live upstreams\" for fail_timeout even after the backend is back: 2 s of refused connections cost a 10.4 s outage and 5,210 502s, against 1,047 with one line (docs/incidents.md#single-peer-guard).",
             format!(
                 "# keep one line per host, or set max_fails=0 on each line:\nserver {host}:{port} resolve max_fails=0;"
             ),
@@ -88,7 +160,7 @@ fn duplicate_host(up: &Upstream<'_>, out: &mut Vec<Finding>) {
     }
 }
 
-fn single_name(up: &Upstream<'_>, out: &mut Vec<Finding>) {
+fn single_name(model: &Model<'_>, i: usize, up: &Upstream<'_>, out: &mut Vec<Finding>) {
     let primary: Vec<_> = up.peers.iter().filter(|p| !p.backup).collect();
     let Some(first) = primary.first() else {
         return;
@@ -96,16 +168,35 @@ fn single_name(up: &Upstream<'_>, out: &mut Vec<Finding>) {
     if !primary.iter().all(|p| p.resolve && p.host == first.host) {
         return;
     }
+    let (host, port) = (first.host.as_str(), first.port);
+    let addrs = resolver_addrs(model);
+    let resolver = addrs
+        .as_ref()
+        .map_or_else(|| "DNS_SERVER_IP".to_owned(), |a| a.join(" "));
+    let docker = addrs.as_ref().is_some_and(|a| a.contains(&DOCKER_DNS));
+    // A single-label name is a service name of a local DNS (Docker's, a cluster's), not a
+    // global name with data centres behind it.
+    let service_name = !host.contains('.') || docker;
+    let fix = if service_name {
+        format!(
+            "# {host} is a service name of the container DNS: it answers NXDOMAIN while every\n# container of the service is stopped or being recreated, and nginx has no peer until\n# its next query. Re-query often, and keep one replica up while another is replaced:\nresolver {resolver} valid=5s;\nserver {host}:{port} resolve;   # as now\n# compose: deploy: {{ replicas: 2 }}, and recreate the replicas one at a time"
+        )
+    } else {
+        format!(
+            "# keep {host}, and add peers that do not come from it (another data centre's name,\n# or a static address), then let each request retry on them:\nserver {host}:{port} resolve;\nserver OTHER_NAME:{port} resolve;\n# in the location:\n{}",
+            retry_lines(&model.modules_of(i))
+        )
+    };
     out.push(Finding::new(
         "resolve-single-name",
         Severity::Warning,
         loc_d(first.directive),
         format!(
-            "upstream \"{}\" takes all its peers from the one name {}, so one NXDOMAIN answer for it empties the upstream.",
-            up.name, first.host
+            "upstream \"{}\" takes all its peers from the one name {host}, so one NXDOMAIN answer for it empties the upstream.",
+            up.name
         ),
-        "nginx deletes every peer on NXDOMAIN and answers 502 \"no live upstreams\" without connecting until the next successful re-query: NXDOMAIN for 6 s with valid=5s gave a 6.0 s outage and 3,005 502s.",
-        "# one fixed name per data centre; failover per request by retry\nserver dc1.internal:8080 resolve max_fails=2 fail_timeout=5s;\nserver dc2.internal:8080 resolve max_fails=2 fail_timeout=5s;\n# in the location:\nproxy_next_upstream error timeout;\nproxy_connect_timeout 1s;",
+        "nginx deletes every peer on NXDOMAIN and answers 502 \"no live upstreams\" without connecting until the next successful re-query: NXDOMAIN for 6 s with valid=5s gave a 6.0 s outage and 3,005 502s (docs/incidents.md#nxdomain).",
+        fix,
     )
     .with_detail("upstream", up.name.clone())
     .with_detail("host", first.host.clone()));
@@ -133,13 +224,18 @@ fn resolve_setup(model: &Model<'_>, up: &Upstream<'_>, out: &mut Vec<Finding>) {
     }
     // A fragment without `http {}` may get its resolver from a file that was not given.
     if model.has_http && !up.has_resolver && !model.http_resolver {
+        let fix = match resolver_addrs(model) {
+            // A resolver elsewhere (a server block) does not serve upstreams: move it up.
+            Some(a) => format!("http {{\n    resolver {} valid=5s;   # the one you set in a server block\n    ...\n}}", a.join(" ")),
+            None => "http {\n    resolver DNS_SERVER_IP valid=5s;   # yours: 127.0.0.11 under Docker, the cluster DNS\n    ...                                 # Service IP on Kubernetes, 127.0.0.53 with systemd-resolved\n}".to_owned(),
+        };
         out.push(Finding::new(
             "resolver-valid-long",
             Severity::Error,
             loc_a(first.directive, resolve_arg),
             format!("upstream \"{}\" uses `resolve` but no `resolver` is set in `http` or in the upstream.", up.name),
             "nginx has no DNS server to re-query, so the config does not load (\"no resolver defined to resolve\").",
-            "http {\n    resolver 10.0.0.2 valid=5s;\n    ...\n}",
+            fix,
         ));
     }
 }
@@ -153,13 +249,25 @@ fn resolver_valid(r: &Directive, out: &mut Vec<Finding>) {
             continue;
         };
         if secs > VALID_LIMIT_SECS {
+            // The user's own line, with only valid= changed.
+            let line: Vec<&str> = r
+                .args
+                .iter()
+                .map(|x| {
+                    if x.value.starts_with("valid=") {
+                        "valid=5s"
+                    } else {
+                        x.value.as_str()
+                    }
+                })
+                .collect();
             out.push(Finding::new(
                 "resolver-valid-long",
                 Severity::Warning,
                 loc_a(r, a),
                 format!("`resolver ... valid={v}` makes nginx re-query only every {} s.", secs + 1.0),
-                "A long valid= misses some short NXDOMAINs but a hit lasts a whole period: valid=30s turned a 6 s NXDOMAIN into a 31 s outage (5.2x), and data-centre failover went from 3.8 s to 12.2 s on average.",
-                "resolver 10.0.0.2 valid=5s;  # and one name per DC with proxy_next_upstream",
+                "A long valid= misses some short NXDOMAINs but a hit lasts a whole period: valid=30s turned a 6 s NXDOMAIN into a 31 s outage (5.2x), and failover to another data centre's name went from 3.8 s to 12.2 s on average (docs/incidents.md#nxdomain).",
+                format!("resolver {};", line.join(" ")),
             )
             .with_detail("valid_seconds", secs));
         }
@@ -241,9 +349,9 @@ fn next_upstream_off(
         "next-upstream-disabled",
         Severity::Warning,
         loc_d(d),
-        format!("`proxy_next_upstream off` applies to requests for upstream \"{}\", which has several peers.", up.name),
+        format!("`{} off` applies to requests for upstream \"{}\", which has several peers.", d.name, up.name),
         "A failed connect or a reset is returned to the client instead of being retried on another peer: with retries on, a 5 s backend outage cost 0 client errors in 30,000 requests.",
-        "proxy_next_upstream error timeout;\nproxy_connect_timeout 1s;",
+        retry_lines(&[u.module]),
     ));
 }
 
@@ -253,7 +361,9 @@ fn keepalive_incomplete(
     seen: &mut HashSet<(usize, &'static str)>,
     out: &mut Vec<Finding>,
 ) {
-    if up.keepalive.is_none() {
+    // Only proxy_pass speaks HTTP/1.x to the upstream; the other modules keep connections
+    // their own way (fastcgi_keep_conn, HTTP/2 for grpc).
+    if up.keepalive.is_none() || u.module != "proxy" {
         return;
     }
     let http11 = u.http_version.and_then(|d| d.arg(0)) == Some("1.1");
@@ -319,7 +429,7 @@ fn retry_shim(
             loc_d(ep),
             format!("`error_page ... {target}` retries into the same upstream that just failed."),
             "An empty peer list is a state, not a one-off error: the retry falls into the same state. Measured: 0% fewer 502s with the shim.",
-            "# drop the shim; let nginx retry another peer within the request\nproxy_next_upstream error timeout;\n# and keep peers on NXDOMAIN: one fixed name per DC, max_fails=0 on resolve lines",
+            format!("# drop the shim; let nginx retry another peer within the request:\n{}", retry_lines(&[u.module])),
         ));
     }
 }
