@@ -337,6 +337,25 @@ fn no_user_facing_text_of_the_doctor_speaks_of_seeds_or_write_ups() {
             assert!(!lower.contains(word), "{word:?} in: {text}");
         }
     }
+    // Every citation points at one of the sections of docs/incidents.md.
+    for text in &findings {
+        for (i, _) in text.match_indices("docs/incidents.md") {
+            let anchor: String = text[i + "docs/incidents.md".len()..]
+                .chars()
+                .take_while(|c| *c == '#' || c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            assert!(
+                [
+                    "#nxdomain",
+                    "#single-peer-guard",
+                    "#keepalive-race",
+                    "#probe-cascade"
+                ]
+                .contains(&anchor.as_str()),
+                "{anchor:?} in: {text}"
+            );
+        }
+    }
     // The --fail-on help of checks that are not configs does not speak of configs nginx rejects.
     for h in &help {
         assert!(!h.contains("nginx would reject"), "{h}");

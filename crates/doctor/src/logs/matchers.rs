@@ -70,7 +70,11 @@ impl Matchers {
             refused: Finder::new("(111: Connection refused)"),
             timed_out: Finder::new("timed out"),
             upstream_timed_out: Finder::new("upstream timed out"),
-            premature: Finder::new("upstream prematurely closed connection"),
+            // Only before the response header: a close while streaming a body (long polls,
+            // downloads) is not a reused connection that was already closing.
+            premature: Finder::new(
+                "upstream prematurely closed connection while reading response header from upstream",
+            ),
             reset: Finder::new(
                 "(104: Connection reset by peer) while reading response header from upstream",
             ),

@@ -71,8 +71,12 @@ pub fn to_finding(ep: &Episode) -> Finding {
         Class::MaxFailsAmplification => (
             Severity::Error,
             format!(
-                "{} peer failure(s){kinds} and {} \"upstream server temporarily disabled\" line(s), then \"no live upstreams\" on \"{up}\" {span}, with no new failure during it: max_fails counted the peers out for fail_timeout.",
-                ep.peer_failures, ep.disabled
+                "{} peer failure(s){kinds}{}, then \"no live upstreams\" on \"{up}\" {span}, with no new failure during it: max_fails counted the peers out for fail_timeout.",
+                ep.peer_failures,
+                match ep.disabled {
+                    0 => String::new(),
+                    n => format!(" and {n} \"upstream server temporarily disabled\" line(s)"),
+                }
             ),
             "A short failure becomes an outage as long as fail_timeout (default 10 s), every request in it a 502 without nginx trying a peer. It is worst when one host is written as two server lines, which turns off nginx's single-peer guard: a 2 s blip became a 10.4 s outage and 5,210 502s (docs/incidents.md#single-peer-guard).".to_owned(),
             format!(
@@ -105,7 +109,7 @@ pub fn to_finding(ep: &Episode) -> Finding {
             Severity::Warning,
             format!("upstream {up} closed connections that nginx was reusing{kinds} {span}, and nginx did not count it as down."),
             "The backend's keep-alive timeout is shorter than nginx's upstream keepalive_timeout (default 60 s; Node closes idle sockets at 5 s), so a request written into a closing socket fails: 502s on reused connections only (docs/incidents.md#keepalive-race).".to_owned(),
-            "# the side that reuses must close first; in the upstream:\nkeepalive_timeout 4s;\n# measure the backend: upkeep doctor keepalive http://BACKEND:PORT/".to_owned(),
+            format!("# the side that reuses must close first; in the upstream:\nkeepalive_timeout 4s;\n# measure the backend: upkeep doctor keepalive http://{up}/"),
         ),
         Class::NoLiveUpstreams => (
             Severity::Warning,
