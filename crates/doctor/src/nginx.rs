@@ -5,6 +5,7 @@ pub mod parse;
 pub mod rules;
 
 use crate::finding::{Finding, Location, Severity};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Loads `path` (following `include`) and runs every nginx rule over it; an include of a
@@ -15,7 +16,34 @@ pub fn check_file(
     root: Option<&Path>,
 ) -> Result<Vec<Finding>, parse::ParseError> {
     let loaded = parse::load_lenient(path, prefix, root)?;
-    let mut out: Vec<Finding> = loaded.missing.iter().map(include_missing).collect();
+    // One finding per include position, however often its file was included.
+    let mut at: BTreeMap<(String, u32, u32), (&parse::ParseError, BTreeSet<String>)> =
+        BTreeMap::new();
+    for m in &loaded.missing {
+        let e = &m.error;
+        let entry = at
+            .entry((e.file.clone(), e.pos.line, e.pos.column))
+            .or_insert_with(|| (e, BTreeSet::new()));
+        if let Some(site) = &m.included_at {
+            entry.1.insert(site.to_string());
+        }
+    }
+    let mut out: Vec<Finding> = Vec::new();
+    for (e, sites) in at.into_values() {
+        let mut f = include_missing(e);
+        if sites.len() > 1 {
+            f.problem = format!(
+                "{} (this file is included {} times: {})",
+                f.problem,
+                sites.len(),
+                sites.iter().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+        if !sites.is_empty() {
+            f = f.with_detail("included_from", sites.into_iter().collect::<Vec<_>>());
+        }
+        out.push(f);
+    }
     out.extend(rules::check(&loaded.tree));
     Ok(out)
 }

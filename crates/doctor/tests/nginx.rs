@@ -404,3 +404,20 @@ fn strict_load_still_reports_a_missing_include_as_an_error() {
         ParseErrorKind::IncludeNotFound("fastcgi_params".to_owned())
     );
 }
+
+#[test]
+fn a_missing_include_in_a_file_included_twice_is_one_warning_naming_both_includes() {
+    let f = check("repeat-missing/nginx.conf");
+    let got: Vec<_> = f
+        .iter()
+        .map(|f| (f.rule, file_name(f), f.location.line, f.location.column))
+        .collect();
+    assert_eq!(
+        got,
+        [("include-missing", "php.conf".to_owned(), Some(2), Some(5))],
+        "{f:#?}"
+    );
+    assert_eq!(f[0].details["included_from"].as_array().unwrap().len(), 2);
+    assert!(f[0].problem.contains("nginx.conf:7"), "{}", f[0].problem);
+    assert!(f[0].problem.contains("nginx.conf:12"), "{}", f[0].problem);
+}

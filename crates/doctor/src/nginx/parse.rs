@@ -391,8 +391,17 @@ impl Base {
 pub struct Loaded {
     /// The directives, includes expanded in place.
     pub tree: Vec<Directive>,
-    /// `include`s of a file that is not there (kind `IncludeNotFound`), in reading order.
-    pub missing: Vec<ParseError>,
+    /// `include`s of a file that is not there, in reading order.
+    pub missing: Vec<MissingInclude>,
+}
+
+/// An `include` of a file that is not there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingInclude {
+    /// Where the `include` is (kind `IncludeNotFound`).
+    pub error: ParseError,
+    /// `file:line` of the `include` that read the file holding it, when one did.
+    pub included_at: Option<Arc<str>>,
 }
 
 /// Reads a configuration file and every file it includes, in place; a missing include is
@@ -404,7 +413,7 @@ pub fn load(
 ) -> Result<Vec<Directive>, ParseError> {
     let loaded = load_lenient(path, prefix, root)?;
     match loaded.missing.into_iter().next() {
-        Some(e) => Err(e),
+        Some(m) => Err(m.error),
         None => Ok(loaded.tree),
     }
 }
@@ -442,7 +451,7 @@ fn load_file(
     path: &Path,
     prefix: &Base,
     depth: usize,
-    missing: &mut Vec<ParseError>,
+    missing: &mut Vec<MissingInclude>,
 ) -> Result<Vec<Directive>, ParseError> {
     let name = path.display().to_string();
     let src = std::fs::read(path).map_err(|e| ParseError {
@@ -467,11 +476,18 @@ fn mark_included(dirs: &mut [Directive], site: &Arc<str>) {
     }
 }
 
+/// Marks missing includes found in an included file with the `include` that read it.
+fn mark_missing(missing: &mut [MissingInclude], site: &Arc<str>) {
+    for m in missing.iter_mut().filter(|m| m.included_at.is_none()) {
+        m.included_at = Some(site.clone());
+    }
+}
+
 fn expand(
     tree: Vec<Directive>,
     prefix: &Base,
     depth: usize,
-    missing: &mut Vec<ParseError>,
+    missing: &mut Vec<MissingInclude>,
 ) -> Result<Vec<Directive>, ParseError> {
     let mut out = Vec::with_capacity(tree.len());
     for mut d in tree {
@@ -503,16 +519,23 @@ fn expand(
                     .collect();
                 files.sort();
                 for f in files {
+                    let before = missing.len();
                     let mut inc = load_file(&f, prefix, depth + 1, missing)?;
                     mark_included(&mut inc, &site);
+                    mark_missing(&mut missing[before..], &site);
                     out.extend(inc);
                 }
             } else if target.is_file() {
+                let before = missing.len();
                 let mut inc = load_file(&target, prefix, depth + 1, missing)?;
                 mark_included(&mut inc, &site);
+                mark_missing(&mut missing[before..], &site);
                 out.extend(inc);
             } else {
-                missing.push(at(ParseErrorKind::IncludeNotFound(arg.value.clone())));
+                missing.push(MissingInclude {
+                    error: at(ParseErrorKind::IncludeNotFound(arg.value.clone())),
+                    included_at: None,
+                });
             }
             continue;
         }
