@@ -350,3 +350,21 @@ fn keepalive_order_fix_keeps_the_containers_own_command() {
         k.fix
     );
 }
+
+#[test]
+fn no_drain_tells_agent_and_datastore_images_from_look_alike_names() {
+    let dir = temp_dir("lookalike");
+    let p = dir.join("hotel.yaml");
+    std::fs::write(
+        &p,
+        "apiVersion: v1\nkind: Service\nmetadata: { name: hotel }\nspec:\n  selector: { app: hotel }\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: { name: hotel }\nspec:\n  template:\n    metadata: { labels: { app: hotel } }\n    spec:\n      containers:\n        - name: hotel\n          image: registry.example/hotel-redistribution:1\n          ports: [{ containerPort: 8080 }]\n",
+    )
+    .unwrap();
+    let f = check_paths(&[p], None).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        f.iter().map(|f| f.rule).collect::<Vec<_>>(),
+        ["no-drain"],
+        "{f:#?}"
+    );
+}

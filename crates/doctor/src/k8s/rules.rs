@@ -30,9 +30,11 @@ const DATASTORES: &[&str] = &[
     "redis",
     "etcd",
     "postgres",
+    "postgresql",
     "mysql",
     "mariadb",
     "mongo",
+    "mongodb",
     "cassandra",
     "zookeeper",
     "kafka",
@@ -44,8 +46,27 @@ const DATASTORES: &[&str] = &[
     "nats",
     "couchdb",
     "cockroach",
+    "cockroachdb",
     "valkey",
     "keydb",
+];
+/// Image names of monitoring and log agents: scrapers retry, no client request is cut.
+const AGENTS: &[&str] = &[
+    "exporter",
+    "kube-state-metrics",
+    "prometheus",
+    "alertmanager",
+    "fluent",
+    "otel",
+    "opentelemetry-collector",
+    "datadog",
+    "grafana-agent",
+    "alloy",
+    "promtail",
+    "telegraf",
+    "metrics-server",
+    "fluentd",
+    "fluent-bit",
 ];
 /// The opt-out: the container drains by itself on SIGTERM (keeps serving while the
 /// endpoints update, then closes), so it needs no preStop sleep.
@@ -182,7 +203,7 @@ pub fn check_drain(objects: &[Object<'_>], out: &mut Vec<Finding>) {
 }
 
 /// Whether a container serves HTTP: an httpGet probe, a port named for HTTP or gRPC, or a
-/// usual HTTP port number; never a datastore image.
+/// usual HTTP port number (metrics ports aside); never a datastore or agent image.
 fn serves_http(c: &Node) -> bool {
     let image = c.get("image").and_then(Node::as_str).unwrap_or("");
     let name = image
@@ -192,7 +213,16 @@ fn serves_http(c: &Node) -> bool {
         .split([':', '@'])
         .next()
         .unwrap_or("");
-    if DATASTORES.iter().any(|d| name.contains(d)) {
+    // Whole words of the image name, so "hotel" is not taken for "otel".
+    let mut words = name.split(['-', '_', '.']);
+    let known = |d: &&str| {
+        if d.contains('-') {
+            name.contains(*d)
+        } else {
+            name.split(['-', '_', '.']).any(|w| w == *d)
+        }
+    };
+    if DATASTORES.iter().chain(AGENTS).any(known) || words.any(|w| w.ends_with("exporter")) {
         return false;
     }
     let http_probe = ["readinessProbe", "livenessProbe", "startupProbe"]
