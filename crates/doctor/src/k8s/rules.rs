@@ -49,6 +49,10 @@ const DATASTORES: &[&str] = &[
     "cockroachdb",
     "valkey",
     "keydb",
+    "rethinkdb",
+    "influxdb",
+    "clickhouse",
+    "minio",
 ];
 /// Image names of monitoring and log agents: scrapers retry, no client request is cut.
 const AGENTS: &[&str] = &[

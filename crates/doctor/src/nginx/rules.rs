@@ -115,16 +115,38 @@ fn retry_lines(modules: &[&str]) -> String {
         .join("\n")
 }
 
-/// The DNS servers of the config's `resolver` lines (the first one found), if any.
-fn resolver_addrs<'a>(model: &Model<'a>) -> Option<Vec<&'a str>> {
-    let r: &'a Directive = model.resolvers.first().copied()?;
-    let addrs: Vec<&str> = r
-        .args
+/// The config's first `resolver` line, if any.
+fn first_resolver<'a>(model: &Model<'a>) -> Option<&'a Directive> {
+    model.resolvers.first().copied()
+}
+
+/// The DNS servers of a `resolver` line.
+fn resolver_addrs(r: &Directive) -> Vec<&str> {
+    r.args
         .iter()
         .map(|a| a.value.as_str())
         .filter(|v| !v.contains('='))
+        .collect()
+}
+
+/// The user's own `resolver` arguments with `valid=5s` (replacing or added), other
+/// parameters (`ipv6=off`, `status_zone=`) kept.
+fn with_short_valid(r: &Directive) -> String {
+    let mut words: Vec<&str> = r
+        .args
+        .iter()
+        .map(|a| {
+            if a.value.starts_with("valid=") {
+                "valid=5s"
+            } else {
+                a.value.as_str()
+            }
+        })
         .collect();
-    (!addrs.is_empty()).then_some(addrs)
+    if !words.contains(&"valid=5s") {
+        words.push("valid=5s");
+    }
+    words.join(" ")
 }
 
 /// Docker's embedded DNS server, which compose service names resolve through.
@@ -169,17 +191,15 @@ fn single_name(model: &Model<'_>, i: usize, up: &Upstream<'_>, out: &mut Vec<Fin
         return;
     }
     let (host, port) = (first.host.as_str(), first.port);
-    let addrs = resolver_addrs(model);
-    let resolver = addrs
-        .as_ref()
-        .map_or_else(|| "DNS_SERVER_IP".to_owned(), |a| a.join(" "));
-    let docker = addrs.as_ref().is_some_and(|a| a.contains(&DOCKER_DNS));
+    let r = first_resolver(model);
+    let resolver = r.map_or_else(|| "DNS_SERVER_IP valid=5s".to_owned(), with_short_valid);
+    let docker = r.is_some_and(|r| resolver_addrs(r).contains(&DOCKER_DNS));
     // A single-label name is a service name of a local DNS (Docker's, a cluster's), not a
     // global name with data centres behind it.
     let service_name = !host.contains('.') || docker;
     let fix = if service_name {
         format!(
-            "# {host} is a service name of the container DNS: it answers NXDOMAIN while every\n# container of the service is stopped or being recreated, and nginx has no peer until\n# its next query. Re-query often, and keep one replica up while another is replaced:\nresolver {resolver} valid=5s;\nserver {host}:{port} resolve;   # as now\n# compose: deploy: {{ replicas: 2 }}, and recreate the replicas one at a time"
+            "# {host} is a service name of the container DNS: it answers NXDOMAIN while every\n# container of the service is stopped or being recreated, and nginx has no peer until\n# its next query. Re-query often, and keep one replica up while another is replaced:\nresolver {resolver};\nserver {host}:{port} resolve;   # as now\n# compose: deploy: {{ replicas: 2 }}, and recreate the replicas one at a time"
         )
     } else {
         format!(
@@ -224,9 +244,9 @@ fn resolve_setup(model: &Model<'_>, up: &Upstream<'_>, out: &mut Vec<Finding>) {
     }
     // A fragment without `http {}` may get its resolver from a file that was not given.
     if model.has_http && !up.has_resolver && !model.http_resolver {
-        let fix = match resolver_addrs(model) {
+        let fix = match first_resolver(model) {
             // A resolver elsewhere (a server block) does not serve upstreams: move it up.
-            Some(a) => format!("http {{\n    resolver {} valid=5s;   # the one you set in a server block\n    ...\n}}", a.join(" ")),
+            Some(r) => format!("http {{\n    resolver {};   # the one you set in a server block\n    ...\n}}", with_short_valid(r)),
             None => "http {\n    resolver DNS_SERVER_IP valid=5s;   # yours: 127.0.0.11 under Docker, the cluster DNS\n    ...                                 # Service IP on Kubernetes, 127.0.0.53 with systemd-resolved\n}".to_owned(),
         };
         out.push(Finding::new(
@@ -249,25 +269,13 @@ fn resolver_valid(r: &Directive, out: &mut Vec<Finding>) {
             continue;
         };
         if secs > VALID_LIMIT_SECS {
-            // The user's own line, with only valid= changed.
-            let line: Vec<&str> = r
-                .args
-                .iter()
-                .map(|x| {
-                    if x.value.starts_with("valid=") {
-                        "valid=5s"
-                    } else {
-                        x.value.as_str()
-                    }
-                })
-                .collect();
             out.push(Finding::new(
                 "resolver-valid-long",
                 Severity::Warning,
                 loc_a(r, a),
                 format!("`resolver ... valid={v}` makes nginx re-query only every {} s.", secs + 1.0),
                 "A long valid= misses some short NXDOMAINs but a hit lasts a whole period: valid=30s turned a 6 s NXDOMAIN into a 31 s outage (5.2x), and failover to another data centre's name went from 3.8 s to 12.2 s on average (docs/incidents.md#nxdomain).",
-                format!("resolver {};", line.join(" ")),
+                format!("resolver {};", with_short_valid(r)),
             )
             .with_detail("valid_seconds", secs));
         }
@@ -326,7 +334,18 @@ fn keepalive_timeout(up: &Upstream<'_>, out: &mut Vec<Finding>) {
             if up.keepalive_timeout.is_none() { " (the default)" } else { "" }
         ),
         "When the backend closes an idle connection first, nginx can write the next request into the closing socket: a 502 on a reused connection (\"upstream prematurely closed connection\"). The side that reuses must close first.",
-        "keepalive_timeout 4s;  # below the backend's keep-alive; measure it with:\n# upkeep doctor keepalive http://BACKEND:PORT/",
+        format!(
+            "keepalive_timeout 4s;  # below the backend's keep-alive; measure it with:\n# upkeep doctor keepalive http://{}/",
+            up.peers
+                .first()
+                .map_or_else(|| "BACKEND:PORT".to_owned(), |p| {
+                if p.host.contains(':') {
+                    format!("[{}]:{}", p.host, p.port)
+                } else {
+                    format!("{}:{}", p.host, p.port)
+                }
+            })
+        ),
     ));
 }
 
