@@ -305,7 +305,7 @@ fn keepalive_defaults_can_reach_a_verdict() {
 }
 
 #[test]
-fn no_user_facing_text_of_the_doctor_speaks_of_seeds_or_write_ups() {
+fn user_facing_texts_of_the_doctor_cite_only_project_pages() {
     use clap::CommandFactory;
     let mut help = Vec::new();
     let mut cmd = Upkeep::command();
