@@ -1,49 +1,16 @@
-//! One JSON access-log line per request, written by a background task so the request path
-//! never blocks on the log's destination.
+//! One access-log line per request (JSON or nginx's combined format, see `record`), written
+//! by a background task so the request path never blocks on the log's destination.
+
+mod record;
+
+pub use record::Record;
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::time::SystemTime;
 
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::config::AccessLog;
-
-/// One request as logged.
-#[derive(Debug, Serialize)]
-pub struct Record {
-    /// Start time, RFC 3339 UTC.
-    pub time: String,
-    /// Method.
-    pub method: String,
-    /// Host header or authority.
-    pub host: String,
-    /// Path and query.
-    pub path: String,
-    /// HTTP version downstream.
-    pub proto: &'static str,
-    /// Status sent.
-    pub status: u16,
-    /// Until the response body ended.
-    pub duration_ms: f64,
-    /// The upstream peer of the last attempt.
-    pub peer: Option<SocketAddr>,
-    /// Upstream attempts made.
-    pub attempts: u32,
-    /// Request body bytes.
-    pub bytes_in: u64,
-    /// Response body bytes.
-    pub bytes_out: u64,
-    /// `proxy` or `upstream`.
-    pub origin: &'static str,
-    /// Cause code for responses upkeep generated.
-    pub cause: Option<&'static str>,
-    /// Detail for the cause (the no_peers reason).
-    pub reason: Option<&'static str>,
-    /// The response body did not complete (client gone or upstream cut).
-    pub incomplete: bool,
-}
 
 /// Sends records to the writer task.
 #[derive(Clone)]
@@ -100,9 +67,7 @@ fn write_loop(mut rx: mpsc::Receiver<Record>, out: Box<dyn Write + Send>) {
         loop {
             match rx.try_recv() {
                 Ok(r) => {
-                    if serde_json::to_writer(&mut out, &r).is_ok() {
-                        let _ = out.write_all(b"\n");
-                    }
+                    let _ = r.write_line(&mut out);
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {

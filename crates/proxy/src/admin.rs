@@ -68,11 +68,7 @@ fn route(
         ),
         (&Method::GET | &Method::HEAD, "/readyz") => probe("readyz", readiness(shared), verbose),
         (&Method::GET | &Method::HEAD, "/startupz") => probe("startupz", startup(shared), verbose),
-        (&Method::GET, "/metrics") => text(
-            StatusCode::OK,
-            shared.metrics.encode(),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        (&Method::GET, "/metrics") => metrics(&req, shared),
         (&Method::GET, "/upstreams") => {
             let state = shared.state.load();
             let groups: serde_json::Map<String, serde_json::Value> = state
@@ -96,6 +92,21 @@ fn route(
         },
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
     }
+}
+
+/// The Prometheus text format, or OpenMetrics when `Accept` asks for it.
+fn metrics<B>(req: &Request<B>, shared: &Shared) -> Response<Full<Bytes>> {
+    let accept = req
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let format = crate::metrics::Format::negotiate(accept);
+    let state = shared.state.load();
+    let body = crate::metrics::scrape(&shared.metrics, state.groups.iter(), format);
+    let mut r = text(StatusCode::OK, body, format.content_type());
+    r.headers_mut()
+        .insert(http::header::VARY, http::HeaderValue::from_static("accept"));
+    r
 }
 
 fn readiness(shared: &Shared) -> Vec<Check> {

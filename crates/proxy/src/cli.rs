@@ -31,6 +31,10 @@ pub struct ServeArgs {
     /// Access log: `-` (stdout), `off`, or a file path.
     #[arg(long, value_name = "DEST")]
     pub access_log: Option<String>,
+    /// Access-log line format: `json` (one object a line) or `combined` (nginx's, then
+    /// `$upstream_status`). Overrides the config's `access_log_format`.
+    #[arg(long, value_name = "FORMAT", value_parser = ["json", "combined"])]
+    pub access_log_format: Option<String>,
     /// Serving threads, each with its own single-threaded runtime and its own copy of every
     /// listener (SO_REUSEPORT). Default: one per CPU.
     #[arg(long, value_name = "N")]
@@ -48,7 +52,8 @@ pub struct ServeArgs {
 pub struct CheckArgs {
     /// Config file to validate.
     pub file: PathBuf,
-    /// Print the effective config (every default filled in) when valid.
+    /// Print the effective config (every default filled in) as TOML that `upkeep check`
+    /// accepts again, when valid.
     #[arg(long)]
     pub print: bool,
 }
@@ -130,6 +135,7 @@ pub fn quick_start(
         }],
         groups,
         access_log: config::AccessLog::Stdout,
+        access_log_format: config::AccessLogFormat::default(),
     })
 }
 
@@ -162,6 +168,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             p => config::AccessLog::File(PathBuf::from(p)),
         };
     }
+    match args.access_log_format.as_deref() {
+        Some("combined") => cfg.access_log_format = config::AccessLogFormat::Combined,
+        Some(_) => cfg.access_log_format = config::AccessLogFormat::Json,
+        None => {}
+    }
     let workers = match args.workers {
         Some(0) => anyhow::bail!("--workers must be at least 1"),
         Some(n) => n,
@@ -182,7 +193,7 @@ pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     match config::load(&args.file) {
         Ok(cfg) => {
             if args.print {
-                println!("{}", serde_json::to_string_pretty(&cfg)?);
+                print!("{}", config::to_toml(&cfg)?);
             }
             eprintln!("{}: ok", args.file.display());
             Ok(ExitCode::SUCCESS)

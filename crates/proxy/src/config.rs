@@ -2,6 +2,7 @@
 
 mod duration;
 mod model;
+mod print;
 mod surface;
 mod validate;
 
@@ -10,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 pub use duration::parse_duration;
 pub use model::*;
+pub use print::{to_toml, PrintError};
 pub use validate::parse_endpoint;
 
 /// One problem found in a config file, with its position.

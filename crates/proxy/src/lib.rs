@@ -12,6 +12,7 @@ pub mod listener;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
+pub mod request_id;
 pub mod rescue;
 pub mod route;
 pub mod server;

@@ -1,4 +1,14 @@
 //! Prometheus metrics, named `upkeep_<subsystem>_<noun>_<unit|total>` with enum-valued labels.
+//!
+//! Labels stay bounded: `route` and `group` come from the config, `peer` only from the peers a
+//! group has now (those families are read from the live peer set at scrape time, so a peer
+//! that went away takes its series with it). See docs/observability.md.
+
+mod exposition;
+mod peers;
+
+pub use exposition::{scrape, Format};
+pub use peers::PeerStats;
 
 use std::sync::Arc;
 
@@ -48,9 +58,31 @@ pub struct GroupLabel {
     pub group: String,
 }
 
+/// Labels of `upkeep_route_responses_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The matched route, as written (`host/path`, `/path`).
+    pub route: Arc<str>,
+    /// The route's group.
+    pub group: Arc<str>,
+    /// `2xx` .. `5xx`.
+    pub class: &'static str,
+}
+
+/// Labels of `upkeep_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The upkeep version.
+    pub version: &'static str,
+}
+
 /// Every metric upkeep exports.
 pub struct Metrics {
     registry: Registry,
+    /// Responses sent downstream per matched route.
+    pub route_responses: Family<RouteLabels, Counter>,
+    /// Always 1, with the version as a label.
+    pub build_info: Family<BuildLabels, Gauge>,
     /// Requests received downstream.
     pub requests: Counter,
     /// Responses sent downstream.
@@ -120,7 +152,15 @@ impl Metrics {
             reused,
             new,
         };
+        let build_info: Family<BuildLabels, Gauge> = Family::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         let m = Metrics {
+            route_responses: Family::default(),
+            build_info,
             requests: Counter::default(),
             responses,
             latency: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
@@ -217,13 +257,30 @@ impl Metrics {
             "1 while the process drains after SIGTERM",
             m.draining.clone(),
         );
+        r.register(
+            "route_responses",
+            "Responses sent downstream by matched route, its group and status class",
+            m.route_responses.clone(),
+        );
+        r.register(
+            "build_info",
+            "Always 1; the upkeep version is a label",
+            m.build_info.clone(),
+        );
         Arc::new(Metrics { registry: r, ..m })
     }
 
-    /// The Prometheus text exposition.
+    /// The registry's families in the OpenMetrics text format, with its `# EOF`.
     pub fn encode(&self) -> String {
+        let mut out = self.encode_families();
+        out.push_str("# EOF\n");
+        out
+    }
+
+    /// The registry's families in the OpenMetrics text format, without the `# EOF`.
+    fn encode_families(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+        prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
             .expect("writing to a String");
         out
     }
@@ -235,6 +292,17 @@ impl Metrics {
             "new" => self.hot.new.inc(),
             _ => self.pool_events.get_or_create(&EventLabel { event }).inc(),
         };
+    }
+
+    /// Counts a response sent downstream for a matched route.
+    pub fn route_response(&self, route: &crate::route::RouteName, class: &'static str) {
+        self.route_responses
+            .get_or_create(&RouteLabels {
+                route: route.route.clone(),
+                group: route.group.clone(),
+                class,
+            })
+            .inc();
     }
 
     /// Counts a response sent downstream.

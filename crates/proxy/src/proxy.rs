@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::access_log::{rfc3339, Record};
+use crate::access_log::Record;
 use crate::body::{OnDone, ReqBody, RespBody};
 use crate::config::ListenerConfig;
 use crate::error::{Kind, ProxyError};
@@ -21,7 +21,9 @@ use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
 use crate::pool::{keepalive_hint, Checkin, ConnectError};
+use crate::request_id;
 use crate::rescue;
+use crate::route::RouteName;
 use crate::state::{Shared, State};
 use crate::upstream::{Group, Peer};
 
@@ -45,7 +47,7 @@ pub struct ConnCtx {
 
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
 pub async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     ctx: Arc<ConnCtx>,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
@@ -61,10 +63,13 @@ pub async fn handle(
         .uri()
         .path_and_query()
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let request_id = request_id::ensure(req.headers_mut());
+    let head = shared.access_log.is_on().then(|| LoggedHead::of(&req));
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
     let result = forward(req, &ctx, &state, host.as_deref(), &bytes_in, &mut info).await;
+    let upstream_header_ms = result.is_ok().then(|| millis(start.elapsed()));
     let (mut resp, cause, reason) = match result {
         Ok(r) => (r, None, None),
         Err(e) => {
@@ -91,22 +96,32 @@ pub async fn handle(
     shared
         .metrics
         .response(origin, class(status), cause.unwrap_or(""));
-    let record = shared.access_log.is_on().then(|| Record {
-        time: rfc3339(wall),
+    count_by_route_and_peer(&shared, &info, status, origin);
+    let record = head.map(|head| Record {
+        time: wall,
+        client: ctx.remote.ip(),
         method: method.to_string(),
         host: host.unwrap_or_default(),
         path,
         proto: proto_name(version),
         status: status.as_u16(),
         duration_ms: 0.0,
-        peer: info.peer,
+        request_id: String::from_utf8_lossy(request_id.as_bytes()).into_owned(),
+        user_agent: head.user_agent,
+        referer: head.referer,
+        route: info.route.as_ref().map(|r| r.route.to_string()),
+        group: info.route.as_ref().map(|r| r.group.to_string()),
+        peer: info.peer.as_ref().map(|p| p.addr()),
         attempts: info.attempts,
+        upstream_status: (origin == "upstream").then_some(status.as_u16()),
+        upstream_header_ms: upstream_header_ms.filter(|_| origin == "upstream"),
         bytes_in: 0,
         bytes_out: 0,
         origin,
         cause,
         reason,
         incomplete: false,
+        format: state.config.access_log_format,
     });
     let done = Done {
         shared,
@@ -138,11 +153,54 @@ impl OnDone for Done {
             ..
         } = *self;
         let Some(mut record) = record else { return };
-        record.duration_ms = (start.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        record.duration_ms = millis(start.elapsed());
         record.bytes_out = bytes;
         record.bytes_in = bytes_in.load(Ordering::Relaxed);
         record.incomplete = !complete;
         shared.access_log.log(record);
+    }
+}
+
+/// Milliseconds with microsecond precision.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// What the access log keeps from the request head before the request moves on.
+struct LoggedHead {
+    user_agent: Option<String>,
+    referer: Option<String>,
+}
+
+impl LoggedHead {
+    fn of<B>(req: &Request<B>) -> Self {
+        let text = |name| {
+            req.headers()
+                .get(name)
+                .map(|v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        Self {
+            user_agent: text(header::USER_AGENT),
+            referer: text(header::REFERER),
+        }
+    }
+}
+
+/// The per-route family, and the per-peer counters of the peer that answered.
+fn count_by_route_and_peer(
+    shared: &Shared,
+    info: &AttemptInfo,
+    status: http::StatusCode,
+    origin: &str,
+) {
+    let class = class(status);
+    if let Some(route) = &info.route {
+        shared.metrics.route_response(route, class);
+    }
+    if origin == "upstream" {
+        if let Some(peer) = &info.peer {
+            peer.stats().response(status);
+        }
     }
 }
 
@@ -164,7 +222,9 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 
 #[derive(Default)]
 struct AttemptInfo {
-    peer: Option<SocketAddr>,
+    /// The matched route.
+    route: Option<RouteName>,
+    peer: Option<Arc<Peer>>,
     attempts: u32,
 }
 
@@ -215,10 +275,12 @@ async fn forward(
     if req.method() == Method::CONNECT {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
-    let group_name = state
+    let (route, route_name) = state
         .routes
-        .find(host, req.uri().path())
+        .find_route(host, req.uri().path())
         .ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
+    info.route = Some(route_name.clone());
+    let group_name = route.group.as_str();
     let group = state
         .groups
         .get(group_name)
@@ -340,7 +402,7 @@ async fn send_with_retries(
             },
         };
         info.attempts += 1;
-        info.peer = Some(peer.addr());
+        info.peer = Some(peer.clone());
         match attempt(group, &peer, out, deadline).await {
             Ok(resp) => {
                 group.record_success(&peer);

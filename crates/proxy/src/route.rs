@@ -1,11 +1,39 @@
 //! Routing: host (exact or `*.suffix`) + longest path prefix -> group.
 
+use std::sync::Arc;
+
 use crate::config::{HostMatch, RouteConfig};
 
 /// Compiled routes.
 #[derive(Debug, Clone)]
 pub struct RouteTable {
     routes: Vec<RouteConfig>,
+    /// `names[i]` names `routes[i]`, made once so a request only clones two `Arc`s.
+    names: Vec<RouteName>,
+}
+
+/// How a matched route is named in metrics and the access log.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteName {
+    /// The route as written: `host/path`, `*.suffix/path`, or `/path` for any host.
+    pub route: Arc<str>,
+    /// Its group.
+    pub group: Arc<str>,
+}
+
+impl RouteName {
+    /// The name of `r`.
+    pub fn of(r: &RouteConfig) -> Self {
+        let route = match &r.host {
+            HostMatch::Any => r.path.clone(),
+            HostMatch::Exact(h) => format!("{h}{}", r.path),
+            HostMatch::Suffix(s) => format!("*{s}{}", r.path),
+        };
+        Self {
+            route: route.into(),
+            group: r.group.as_str().into(),
+        }
+    }
 }
 
 impl RouteTable {
@@ -20,24 +48,27 @@ impl RouteTable {
             };
             (host_rank, std::cmp::Reverse(r.path.len()))
         });
-        Self { routes }
+        let names = routes.iter().map(RouteName::of).collect();
+        Self { routes, names }
     }
 
     /// The group for a host (any case, port ignored) and path.
     pub fn find(&self, host: Option<&str>, path: &str) -> Option<&str> {
+        self.find_route(host, path).map(|(r, _)| r.group.as_str())
+    }
+
+    /// The route for a host (any case, port ignored) and path, with its name.
+    pub fn find_route(&self, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &RouteName)> {
         let host = host.map(|h| strip_port(h).to_ascii_lowercase());
-        self.routes
-            .iter()
-            .find(|r| {
-                let host_ok = match (&r.host, &host) {
-                    (HostMatch::Any, _) => true,
-                    (HostMatch::Exact(e), Some(h)) => e == h,
-                    (HostMatch::Suffix(s), Some(h)) => h.ends_with(s.as_str()) && h.len() > s.len(),
-                    _ => false,
-                };
-                host_ok && prefix_matches(&r.path, path)
-            })
-            .map(|r| r.group.as_str())
+        self.routes.iter().zip(&self.names).find(|(r, _)| {
+            let host_ok = match (&r.host, &host) {
+                (HostMatch::Any, _) => true,
+                (HostMatch::Exact(e), Some(h)) => e == h,
+                (HostMatch::Suffix(s), Some(h)) => h.ends_with(s.as_str()) && h.len() > s.len(),
+                _ => false,
+            };
+            host_ok && prefix_matches(&r.path, path)
+        })
     }
 }
 
@@ -101,5 +132,31 @@ mod tests {
         assert_eq!(t.find(Some("b.test"), "/only"), None);
         assert_eq!(t.find(Some("a.test"), "/other"), None);
         assert_eq!(t.find(Some("[::1]:80"), "/only"), None);
+    }
+
+    #[test]
+    fn a_matched_route_is_named_as_written() {
+        let t = RouteTable::new(&[
+            r(HostMatch::Any, "/search", "search"),
+            r(HostMatch::Exact("api.example.com".into()), "/", "api"),
+            r(HostMatch::Suffix(".example.com".into()), "/v1", "wild"),
+        ]);
+        let name = |host, path| {
+            t.find_route(Some(host), path)
+                .map(|(_, n)| (n.route.to_string(), n.group.to_string()))
+        };
+        assert_eq!(
+            name("x.test", "/search?q=1"),
+            Some(("/search".into(), "search".into()))
+        );
+        assert_eq!(
+            name("API.example.com:443", "/"),
+            Some(("api.example.com/".into(), "api".into()))
+        );
+        assert_eq!(
+            name("a.example.com", "/v1/x"),
+            Some(("*.example.com/v1".into(), "wild".into()))
+        );
+        assert_eq!(name("x.test", "/"), None);
     }
 }

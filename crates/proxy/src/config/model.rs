@@ -21,7 +21,8 @@ pub const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(4);
 /// Safety margin under the server's `Keep-Alive: timeout=N` hint (undici's rule).
 pub const KEEPALIVE_HINT_MARGIN: Duration = Duration::from_secs(1);
 
-/// The whole config.
+/// The whole config. It serializes as the TOML surface (`upkeep check --print`), so every
+/// field is named and written as in a config file.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Config {
     /// Admin listener (probes, metrics, upstreams view).
@@ -31,18 +32,21 @@ pub struct Config {
     /// Shutdown behaviour.
     pub lifecycle: Lifecycle,
     /// Downstream listeners.
+    #[serde(rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
     /// Routes, in file order; matching picks the most specific.
+    #[serde(rename = "route")]
     pub routes: Vec<RouteConfig>,
     /// Upstream groups by name.
     pub groups: BTreeMap<String, GroupConfig>,
     /// Where access-log lines go.
     pub access_log: AccessLog,
+    /// How access-log lines are written.
+    pub access_log_format: AccessLogFormat,
 }
 
 /// Access-log destination.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq)]
 pub enum AccessLog {
     /// JSON lines on stdout.
     Stdout,
@@ -50,6 +54,17 @@ pub enum AccessLog {
     File(PathBuf),
     /// No access log.
     Off,
+}
+
+/// Access-log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLogFormat {
+    /// One JSON object a line, every field named.
+    #[default]
+    Json,
+    /// nginx's `combined` format followed by `$upstream_status`.
+    Combined,
 }
 
 /// The admin listener.
@@ -111,6 +126,7 @@ impl Default for Lifecycle {
 #[serde(rename_all = "snake_case")]
 pub enum Forwarded {
     /// `X-Forwarded-For`, `-Proto`, `-Host`, appended.
+    #[serde(rename = "x-forwarded")]
     XForwarded,
     /// RFC 7239 `Forwarded`, appended.
     Forwarded,
@@ -159,14 +175,15 @@ impl ListenerConfig {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TlsConfig {
     /// Certificate chain.
+    #[serde(serialize_with = "super::print::path")]
     pub cert: PathBuf,
     /// Private key.
+    #[serde(serialize_with = "super::print::path")]
     pub key: PathBuf,
 }
 
 /// Host match of a route.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostMatch {
     /// Any host.
     Any,
@@ -198,8 +215,7 @@ pub enum Balance {
 }
 
 /// Where an endpoint's addresses come from.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum EndpointSource {
     /// A fixed address.
     Static(SocketAddr),
@@ -213,7 +229,7 @@ pub enum EndpointSource {
 }
 
 /// One endpoint line of a group.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// Address source.
     pub source: EndpointSource,
@@ -295,13 +311,12 @@ impl Default for PoolConfig {
 }
 
 /// How long NXDOMAIN/NODATA keep the last known good addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StaleGrace {
     /// As long as those peers keep passing health.
     WhileHealthy,
     /// For a fixed time.
-    For(#[serde(with = "secs")] Duration),
+    For(Duration),
 }
 
 /// DNS discovery policy.
@@ -402,14 +417,11 @@ impl Default for RetryConfig {
     }
 }
 
-mod secs {
+/// Durations are written as a config file writes them: `"5s"`, `"250ms"`.
+pub(super) mod secs {
     use std::time::Duration;
 
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        if d.subsec_millis() == 0 {
-            s.serialize_str(&format!("{}s", d.as_secs()))
-        } else {
-            s.serialize_str(&format!("{}ms", d.as_millis()))
-        }
+        s.serialize_str(&super::super::print::duration(*d))
     }
 }

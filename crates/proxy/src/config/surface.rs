@@ -20,6 +20,7 @@ pub(crate) struct File {
     #[serde(default)]
     pub groups: BTreeMap<S<String>, Group>,
     pub access_log: Option<S<String>>,
+    pub access_log_format: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

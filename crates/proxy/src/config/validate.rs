@@ -292,6 +292,20 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
             p => AccessLog::File(loc.base_dir().join(PathBuf::from(p))),
         },
     };
+    let access_log_format = match &file.access_log_format {
+        None => AccessLogFormat::default(),
+        Some(v) => match v.get_ref().as_str() {
+            "json" => AccessLogFormat::Json,
+            "combined" => AccessLogFormat::Combined,
+            other => {
+                cx.err(
+                    v.span(),
+                    format!("access_log_format {other:?}: expected \"json\" or \"combined\""),
+                );
+                AccessLogFormat::default()
+            }
+        },
+    };
 
     if cx.problems.is_empty() {
         Ok(Config {
@@ -302,6 +316,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
             routes,
             groups,
             access_log,
+            access_log_format,
         })
     } else {
         cx.problems.sort_by_key(|p| (p.line, p.column));

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::HealthConfig;
+use crate::metrics::PeerStats;
 
 /// One upstream address. Peers are keyed by address: two names or lines that resolve to the
 /// same address are one peer, so nothing is counted twice.
@@ -21,6 +22,7 @@ pub struct Peer {
     /// Fast-path copy of "ejected or checked down"; the mutex holds the truth.
     unhealthy: AtomicBool,
     health: Mutex<Health>,
+    stats: PeerStats,
 }
 
 #[derive(Debug, Default)]
@@ -74,7 +76,13 @@ impl Peer {
             active: AtomicUsize::new(0),
             unhealthy: AtomicBool::new(false),
             health: Mutex::default(),
+            stats: PeerStats::default(),
         }
+    }
+
+    /// Its counters for `/metrics`.
+    pub fn stats(&self) -> &PeerStats {
+        &self.stats
     }
 
     /// Its address.
@@ -131,6 +139,7 @@ impl Peer {
         now: Instant,
         may_eject: impl FnOnce() -> bool,
     ) -> FailureEffect {
+        self.stats.failure();
         {
             let mut h = self.health.lock().unwrap();
             h.consecutive_failures = h.consecutive_failures.saturating_add(weight);

@@ -1,0 +1,87 @@
+//! Request ids: every request carries one in `x-request-id`, kept from the client when it is
+//! well formed, made here otherwise; it is sent upstream and written in the access log, so
+//! one request can be followed across hops.
+
+use http::header::HeaderName;
+use http::{HeaderMap, HeaderValue};
+
+/// The header that carries the id.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest id kept from a client; longer ones are replaced (they would bloat every log line).
+const MAX_LEN: usize = 128;
+
+/// Makes sure `headers` holds exactly one valid `x-request-id` and returns it.
+pub fn ensure(headers: &mut HeaderMap) -> HeaderValue {
+    let mut values = headers.get_all(&X_REQUEST_ID).iter();
+    if let (Some(v), None) = (values.next(), values.next()) {
+        if is_valid(v.as_bytes()) {
+            return v.clone();
+        }
+    }
+    let id = generate();
+    headers.insert(X_REQUEST_ID, id.clone());
+    id
+}
+
+/// Printable and safe in any log format: letters, digits and `-_.:+/=@`, at most 128 bytes.
+fn is_valid(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_LEN
+        && v.iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:+/=@".contains(b))
+}
+
+/// 128 random bits as 32 lower-case hex digits, like nginx's `$request_id`.
+fn generate() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let n: u128 = rand::random();
+    let mut buf = [0u8; 32];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = HEX[((n >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&buf).expect("hex digits are a valid header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_id_is_kept() {
+        let mut h = HeaderMap::new();
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("abc-123_x.y:z"));
+        assert_eq!(ensure(&mut h), "abc-123_x.y:z");
+        assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+    }
+
+    #[test]
+    fn a_missing_invalid_or_repeated_id_is_replaced_by_a_new_one() {
+        let long = "a".repeat(129);
+        for given in [
+            vec![],
+            vec!["has space"],
+            vec!["quote\""],
+            vec![""],
+            vec![long.as_str()],
+            vec!["one", "two"],
+        ] {
+            let mut h = HeaderMap::new();
+            for g in &given {
+                h.append(X_REQUEST_ID, HeaderValue::from_str(g).unwrap());
+            }
+            let id = ensure(&mut h);
+            assert_eq!(id.len(), 32, "{given:?}");
+            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+            let all: Vec<_> = h.get_all(&X_REQUEST_ID).iter().collect();
+            assert_eq!(all, vec![&id], "{given:?}");
+        }
+    }
+
+    #[test]
+    fn made_ids_differ() {
+        let a = ensure(&mut HeaderMap::new());
+        let b = ensure(&mut HeaderMap::new());
+        assert_ne!(a, b);
+    }
+}
