@@ -25,29 +25,32 @@ impl RouteTable {
 
     /// The group for a host (any case, port ignored) and path.
     pub fn find(&self, host: Option<&str>, path: &str) -> Option<&str> {
+        self.find_route(host, path).map(|r| r.group.as_str())
+    }
+
+    /// The route for a host (any case, port ignored) and a normalised path.
+    pub fn find_route(&self, host: Option<&str>, path: &str) -> Option<&RouteConfig> {
         let host = host.map(|h| strip_port(h).to_ascii_lowercase());
-        self.routes
-            .iter()
-            .find(|r| {
-                let host_ok = match (&r.host, &host) {
-                    (HostMatch::Any, _) => true,
-                    (HostMatch::Exact(e), Some(h)) => e == h,
-                    (HostMatch::Suffix(s), Some(h)) => h.ends_with(s.as_str()) && h.len() > s.len(),
-                    _ => false,
-                };
-                host_ok && prefix_matches(&r.path, path)
-            })
-            .map(|r| r.group.as_str())
+        self.routes.iter().find(|r| {
+            let host_ok = match (&r.host, &host) {
+                (HostMatch::Any, _) => true,
+                (HostMatch::Exact(e), Some(h)) => e == h,
+                (HostMatch::Suffix(s), Some(h)) => h.ends_with(s.as_str()) && h.len() > s.len(),
+                _ => false,
+            };
+            host_ok && prefix_matches(&r.path, path)
+        })
     }
 }
 
+/// `host:port` -> `host`, `[v6]:port` -> `[v6]`. Any input gives a slice of itself: hosts
+/// are validated before routing, but this must not be the place that panics if one is not.
 fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
-        return host
-            .split(']')
-            .next()
-            .map(|h| &host[..h.len() + 1])
-            .unwrap_or(host);
+        return match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
     }
     match host.rsplit_once(':') {
         Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
@@ -74,6 +77,7 @@ mod tests {
             host,
             path: path.into(),
             group: group.into(),
+            allow_encoded_separators: false,
         }
     }
 
@@ -101,5 +105,16 @@ mod tests {
         assert_eq!(t.find(Some("b.test"), "/only"), None);
         assert_eq!(t.find(Some("a.test"), "/other"), None);
         assert_eq!(t.find(Some("[::1]:80"), "/only"), None);
+    }
+
+    #[test]
+    fn any_host_text_routes_without_panicking() {
+        let t = RouteTable::new(&[r(HostMatch::Exact("[::1]".into()), "/", "v6")]);
+        for h in [
+            "[", "[]", "[::1", "]", ":", "[:", "[::1]:80", "\u{e9}:1", "",
+        ] {
+            let _ = t.find(Some(h), "/");
+        }
+        assert_eq!(t.find(Some("[::1]:80"), "/"), Some("v6"));
     }
 }
