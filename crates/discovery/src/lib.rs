@@ -3,7 +3,8 @@
 //!
 //! A failed lookup (SERVFAIL, REFUSED, timeout) never changes addresses; a negative answer
 //! (NXDOMAIN, NODATA) keeps the last known good addresses for a grace period; only
-//! records replace them, in one swap. See `docs/discovery.md`.
+//! records replace them, in one swap, and records of one family while the other family's
+//! lookup failed replace only that family's addresses. See `docs/discovery.md`.
 #![forbid(unsafe_code)]
 
 mod outcome;
@@ -11,7 +12,7 @@ mod policy;
 mod resolver;
 mod watch;
 
-pub use outcome::Outcome;
+pub use outcome::{Family, Outcome};
 pub use policy::{Policy, StaleGrace, MAX_ERROR_BACKOFF};
 pub use resolver::{Error, Lookup, Resolver};
 pub use watch::{

@@ -8,6 +8,25 @@ use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::RData;
 
+/// An address family, as asked with A or AAAA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// A records.
+    V4,
+    /// AAAA records.
+    V6,
+}
+
+impl Family {
+    /// Whether `ip` is of this family.
+    pub fn has(self, ip: &IpAddr) -> bool {
+        matches!(
+            (self, ip),
+            (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_))
+        )
+    }
+}
+
 /// What one lookup of a name (A and AAAA together) said.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -17,6 +36,17 @@ pub enum Outcome {
         addrs: Vec<IpAddr>,
         /// Smallest TTL among the answer records.
         ttl: Duration,
+    },
+    /// One family's lookup gave addresses (never empty) while the other's failed (timeout,
+    /// SERVFAIL, ...): the failed family is unknown, not empty, so the addresses last known
+    /// for it are kept.
+    Partial {
+        /// The addresses found, all of the family that answered.
+        addrs: Vec<IpAddr>,
+        /// Smallest TTL among the answer records.
+        ttl: Duration,
+        /// The family whose lookup failed.
+        unknown: Family,
     },
     /// The name does not exist (authoritative NXDOMAIN).
     NxDomain,
@@ -33,11 +63,12 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Metric label value: `records`, `nxdomain`, `nodata`, `servfail`, `refused`,
-    /// `timeout` or `error`.
+    /// Metric label value: `records`, `partial`, `nxdomain`, `nodata`, `servfail`,
+    /// `refused`, `timeout` or `error`.
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Records { .. } => "records",
+            Outcome::Partial { .. } => "partial",
             Outcome::NxDomain => "nxdomain",
             Outcome::NoData => "nodata",
             Outcome::ServFail => "servfail",
@@ -50,7 +81,7 @@ impl Outcome {
     /// The DNS response code, where one was received.
     pub fn rcode(&self) -> Option<&'static str> {
         match self {
-            Outcome::Records { .. } | Outcome::NoData => Some("NOERROR"),
+            Outcome::Records { .. } | Outcome::Partial { .. } | Outcome::NoData => Some("NOERROR"),
             Outcome::NxDomain => Some("NXDOMAIN"),
             Outcome::ServFail => Some("SERVFAIL"),
             Outcome::Refused => Some("REFUSED"),
@@ -121,9 +152,11 @@ impl Outcome {
     /// Combines the A and AAAA outcomes of one name into one.
     ///
     /// Records from either family win, so a server that mishandles AAAA cannot hide working
-    /// IPv4 addresses. Without records, a failure on either side wins over a negative
-    /// answer, because a negative answer would let addresses be dropped on half the
-    /// evidence. Two negative answers give NXDOMAIN if either said so.
+    /// IPv4 addresses; when the other family's lookup failed (rather than answered "none"),
+    /// the result is `Partial`, so the addresses known for that family are kept rather than
+    /// dropped on half the evidence. Without records, a failure on either side wins over a
+    /// negative answer, for the same reason. Two negative answers give NXDOMAIN if either
+    /// said so.
     pub(crate) fn combine(v4: Outcome, v6: Outcome) -> Outcome {
         match (v4, v6) {
             (
@@ -142,6 +175,20 @@ impl Outcome {
                 Outcome::Records {
                     addrs,
                     ttl: ttl.min(ttl6),
+                }
+            }
+            (Outcome::Records { addrs, ttl }, failure) if failure.is_failure() => {
+                Outcome::Partial {
+                    addrs,
+                    ttl,
+                    unknown: Family::V6,
+                }
+            }
+            (failure, Outcome::Records { addrs, ttl }) if failure.is_failure() => {
+                Outcome::Partial {
+                    addrs,
+                    ttl,
+                    unknown: Family::V4,
                 }
             }
             (records @ Outcome::Records { .. }, _) | (_, records @ Outcome::Records { .. }) => {
@@ -243,16 +290,35 @@ mod tests {
     }
 
     #[test]
-    fn combine_records_win_over_anything() {
+    fn combine_records_win_over_a_negative_answer() {
         let r = records(&["127.0.0.2"], 5);
-        for other in [
-            Outcome::NoData,
-            Outcome::NxDomain,
-            Outcome::ServFail,
-            Outcome::Timeout,
-        ] {
+        for other in [Outcome::NoData, Outcome::NxDomain] {
             assert_eq!(Outcome::combine(r.clone(), other.clone()), r);
             assert_eq!(Outcome::combine(other, r.clone()), r);
+        }
+    }
+
+    #[test]
+    fn combine_records_with_a_failed_family_is_partial_naming_that_family() {
+        let v4 = records(&["127.0.0.2"], 5);
+        let v6 = records(&["::2"], 5);
+        for failure in [Outcome::ServFail, Outcome::Timeout, Outcome::Refused] {
+            assert_eq!(
+                Outcome::combine(v4.clone(), failure.clone()),
+                Outcome::Partial {
+                    addrs: vec!["127.0.0.2".parse().unwrap()],
+                    ttl: Duration::from_secs(5),
+                    unknown: Family::V6
+                }
+            );
+            assert_eq!(
+                Outcome::combine(failure, v6.clone()),
+                Outcome::Partial {
+                    addrs: vec!["::2".parse().unwrap()],
+                    ttl: Duration::from_secs(5),
+                    unknown: Family::V4
+                }
+            );
         }
     }
 

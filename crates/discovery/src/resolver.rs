@@ -110,17 +110,23 @@ impl Resolver {
         } else {
             name.to_owned()
         };
-        let both = async {
-            let (v4, v6) = tokio::join!(
-                self.inner.lookup(query.as_str(), RecordType::A),
-                self.inner.lookup(query.as_str(), RecordType::AAAA),
-            );
-            Outcome::combine(Outcome::from_lookup(v4), Outcome::from_lookup(v6))
+        // hickory's own timeout is per attempt; these bound each family's lookup, apart, so
+        // a silent AAAA never hides an A answer (and vice versa).
+        let (v4, v6) = tokio::join!(
+            tokio::time::timeout(
+                self.timeout,
+                self.inner.lookup(query.as_str(), RecordType::A)
+            ),
+            tokio::time::timeout(
+                self.timeout,
+                self.inner.lookup(query.as_str(), RecordType::AAAA)
+            ),
+        );
+        let family = |r| match r {
+            Ok(r) => Outcome::from_lookup(r),
+            Err(_) => Outcome::Timeout,
         };
-        // hickory's own timeout is per attempt; this bounds the whole lookup.
-        tokio::time::timeout(self.timeout, both)
-            .await
-            .unwrap_or(Outcome::Timeout)
+        Outcome::combine(family(v4), family(v6))
     }
 }
 

@@ -173,6 +173,29 @@ impl Looper {
                 self.state.dropped_reason = None;
                 self.policy.refresh_after(*ttl)
             }
+            Outcome::Partial {
+                addrs,
+                ttl,
+                unknown,
+            } => {
+                // The family that failed is unknown, not empty: its addresses stay. The next
+                // lookup comes at the TTL or the first error backoff, whichever is sooner,
+                // to learn that family again.
+                self.negative_since = None;
+                let mut new = addrs.clone();
+                new.extend(old.iter().filter(|ip| unknown.has(ip)));
+                new.sort_unstable();
+                new.dedup();
+                if *new != *old {
+                    self.state.addrs = Arc::from(new);
+                }
+                self.state.resolved_ever = true;
+                self.state.stale_since = None;
+                self.state.dropped_reason = None;
+                self.policy
+                    .refresh_after(*ttl)
+                    .min(jitter(self.policy.next_backoff(None)))
+            }
             Outcome::NxDomain | Outcome::NoData => {
                 self.backoff = None;
                 let mut delay = self.policy.min_refresh;

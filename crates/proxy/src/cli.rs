@@ -132,6 +132,7 @@ pub fn quick_start(
             host: config::HostMatch::Any,
             path: "/".into(),
             group: "default".into(),
+            allow_encoded_separators: false,
         }],
         groups,
         access_log: config::AccessLog::Stdout,

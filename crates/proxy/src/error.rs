@@ -26,6 +26,13 @@ pub enum Cause {
     Overloaded,
     /// The downstream request was malformed (400).
     BadRequest,
+    /// The request head was larger than `max_header_bytes` (431).
+    HeaderTooLarge,
+    /// The request target was longer than the HTTP/1 parser takes (414).
+    UriTooLong,
+    /// upkeep itself failed while handling the request (500): a bug, caught at the request
+    /// boundary and logged with its panic message.
+    Internal,
 }
 
 impl Cause {
@@ -40,6 +47,9 @@ impl Cause {
             Cause::RetryBudget => "retry_budget",
             Cause::Overloaded => "overloaded",
             Cause::BadRequest => "bad_request",
+            Cause::HeaderTooLarge => "header_too_large",
+            Cause::UriTooLong => "uri_too_long",
+            Cause::Internal => "internal",
         }
     }
 
@@ -52,6 +62,9 @@ impl Cause {
             Cause::ConnectFailed | Cause::UpstreamReset => S::BAD_GATEWAY,
             Cause::UpstreamTimeout => S::GATEWAY_TIMEOUT,
             Cause::BadRequest => S::BAD_REQUEST,
+            Cause::HeaderTooLarge => S::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Cause::UriTooLong => S::URI_TOO_LONG,
+            Cause::Internal => S::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -67,6 +80,9 @@ pub enum NoPeersReason {
     AllEjected,
     /// Every usable peer was already tried by this request.
     AllTried,
+    /// Every peer has failed to connect for longer than `connect_retry_window`: the group is
+    /// known to be down and requests fail at once while probes look for its return.
+    AllDown,
 }
 
 impl NoPeersReason {
@@ -77,6 +93,7 @@ impl NoPeersReason {
             NoPeersReason::EmptyGroup => "empty_group",
             NoPeersReason::AllEjected => "all_ejected",
             NoPeersReason::AllTried => "all_tried",
+            NoPeersReason::AllDown => "all_down",
         }
     }
 }
@@ -93,6 +110,10 @@ pub(crate) enum Kind {
     Timeout,
     RetryBudget,
     BadRequest,
+    /// A request refused by a normalisation rule, with the rule's reason.
+    Invalid(&'static str),
+    /// A panic caught at the request boundary.
+    Internal,
 }
 
 /// A classified proxy failure.
@@ -140,7 +161,8 @@ impl ProxyError {
             Kind::Reset => Cause::UpstreamReset,
             Kind::Timeout => Cause::UpstreamTimeout,
             Kind::RetryBudget => Cause::RetryBudget,
-            Kind::BadRequest => Cause::BadRequest,
+            Kind::BadRequest | Kind::Invalid(_) => Cause::BadRequest,
+            Kind::Internal => Cause::Internal,
         }
     }
 
@@ -149,6 +171,7 @@ impl ProxyError {
         match self.kind {
             Kind::NoPeers(r) => Some(r.as_str()),
             Kind::ConnectTimeout => Some("connect_timeout"),
+            Kind::Invalid(r) => Some(r),
             _ => None,
         }
     }

@@ -1,4 +1,5 @@
-//! Header rewriting: hop-by-hop removal (RFC 9110 §7.6.1) and forwarding headers.
+//! Header rewriting: hop-by-hop removal (RFC 9110 §7.6.1) and forwarding headers (rules C1,
+//! F1, F2 of `normalize/rules.md`).
 
 use std::net::SocketAddr;
 
@@ -26,7 +27,14 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == header::UPGRADE
 }
 
-/// Removes hop-by-hop headers, including every header named in `Connection`.
+/// Headers that `Connection` may not nominate for removal: a client could otherwise have the
+/// routing host or a front proxy's forwarding headers deleted on their way upstream.
+fn is_protected(name: &HeaderName) -> bool {
+    name == header::HOST || name == header::FORWARDED || name.as_str().starts_with("x-forwarded-")
+}
+
+/// Removes hop-by-hop headers, including every header named in `Connection` (except the
+/// protected ones: `Host`, `X-Forwarded-*`, `Forwarded`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds what to remove; most messages carry none or only
     // `Connection`, so the per-name removals (each a hash and a probe) are rarely paid.
@@ -47,7 +55,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .map(str::trim)
             // `keep-alive` is itself hop-by-hop: found by the pass above if present.
             .filter(|n| !n.eq_ignore_ascii_case("keep-alive"))
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok()),
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .filter(|n| !is_protected(n)),
     );
     for n in remove {
         headers.remove(n);
@@ -59,16 +68,32 @@ pub fn client_ip_value(client: SocketAddr) -> HeaderValue {
     HeaderValue::from_str(&client.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
-/// Appends forwarding headers for a request from `client` (whose address as a header value
-/// is `client_ip`, from [`client_ip_value`]) that arrived over `proto`.
+/// Writes forwarding headers for a request from `client` (whose address as a header value
+/// is `client_ip`, from [`client_ip_value`]) that arrived over `proto`. From a `trusted`
+/// client (a proxy in `trusted_proxies`) the chain is appended to; from anyone else every
+/// incoming forwarding header is dropped first, so a client cannot forge its origin.
 pub fn add_forwarded(
     headers: &mut HeaderMap,
     mode: Forwarded,
+    trusted: bool,
     client: SocketAddr,
     client_ip: &HeaderValue,
     proto: &str,
     host: Option<&str>,
 ) {
+    if !trusted {
+        // Most requests carry none of these: check before paying for removals.
+        let forged = headers.contains_key(&X_FORWARDED_FOR)
+            || headers.contains_key(&X_FORWARDED_PROTO)
+            || headers.contains_key(&X_FORWARDED_HOST)
+            || headers.contains_key(header::FORWARDED);
+        if forged {
+            headers.remove(&X_FORWARDED_FOR);
+            headers.remove(&X_FORWARDED_PROTO);
+            headers.remove(&X_FORWARDED_HOST);
+            headers.remove(header::FORWARDED);
+        }
+    }
     match mode {
         Forwarded::None => {}
         Forwarded::XForwarded => {
@@ -81,6 +106,15 @@ pub fn add_forwarded(
             };
             if let Some(v) = xff {
                 headers.insert(X_FORWARDED_FOR, v);
+            }
+            // A trusted proxy's `-Proto` and `-Host` describe the original request: kept.
+            if trusted && headers.contains_key(&X_FORWARDED_PROTO) {
+                if !headers.contains_key(&X_FORWARDED_HOST) {
+                    if let Some(h) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+                        headers.insert(X_FORWARDED_HOST, h);
+                    }
+                }
+                return;
             }
             headers.insert(
                 X_FORWARDED_PROTO,
@@ -139,13 +173,59 @@ mod tests {
     }
 
     #[test]
-    fn appends_forwarding_headers() {
+    fn connection_cannot_nominate_host_or_forwarding_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            "Host, X-Forwarded-For, x-forwarded-proto, Forwarded, X-Real"
+                .parse()
+                .unwrap(),
+        );
+        h.insert(header::HOST, "a.test".parse().unwrap());
+        h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        h.insert("forwarded", "for=10.0.0.1".parse().unwrap());
+        h.insert("x-real", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        for kept in ["host", "x-forwarded-for", "x-forwarded-proto", "forwarded"] {
+            assert!(h.contains_key(kept), "{kept} was removed");
+        }
+        assert!(!h.contains_key("x-real"));
+        assert!(!h.contains_key("connection"));
+    }
+
+    #[test]
+    fn forwarding_headers_from_an_untrusted_client_are_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "6.6.6.6".parse().unwrap());
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        h.insert("x-forwarded-host", "evil.test".parse().unwrap());
+        h.insert("forwarded", "for=6.6.6.6".parse().unwrap());
+        let client = "127.0.0.5:999".parse().unwrap();
+        add_forwarded(
+            &mut h,
+            Forwarded::XForwarded,
+            false,
+            client,
+            &client_ip_value(client),
+            "http",
+            Some("a.test"),
+        );
+        assert_eq!(h["x-forwarded-for"], "127.0.0.5");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "a.test");
+        assert!(!h.contains_key("forwarded"));
+    }
+
+    #[test]
+    fn appends_forwarding_headers_from_a_trusted_proxy() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
         let client = "127.0.0.5:999".parse().unwrap();
         add_forwarded(
             &mut h,
             Forwarded::XForwarded,
+            true,
             client,
             &client_ip_value(client),
             "http",
@@ -155,15 +235,36 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.test");
         let mut h = HeaderMap::new();
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        let client = "127.0.0.5:999".parse().unwrap();
+        add_forwarded(
+            &mut h,
+            Forwarded::XForwarded,
+            true,
+            client,
+            &client_ip_value(client),
+            "http",
+            Some("a.test"),
+        );
+        assert_eq!(
+            h["x-forwarded-proto"], "https",
+            "a trusted proxy's proto is kept"
+        );
+        let mut h = HeaderMap::new();
+        h.insert("forwarded", "for=10.0.0.1".parse().unwrap());
         let client = "[::1]:9".parse().unwrap();
         add_forwarded(
             &mut h,
             Forwarded::Forwarded,
+            true,
             client,
             &client_ip_value(client),
             "https",
             Some("a.test"),
         );
-        assert_eq!(h["forwarded"], "for=\"[::1]\";proto=https;host=\"a.test\"");
+        assert_eq!(
+            h["forwarded"],
+            "for=10.0.0.1, for=\"[::1]\";proto=https;host=\"a.test\""
+        );
     }
 }

@@ -4,14 +4,17 @@
 pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod boundary;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod headers;
 pub mod listener;
 pub mod metrics;
+pub mod normalize;
 pub mod pool;
 pub mod proxy;
+pub mod refused;
 pub mod request_id;
 pub mod rescue;
 pub mod route;

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-pub use framing::{Framer, Refused};
+pub use framing::{check_invariants as framing_invariants, Framer, Refused};
 pub use tls::acceptor as tls_acceptor;
 
 use crate::config::ListenerConfig;
@@ -39,6 +39,8 @@ pub struct ConnActivity {
     in_flight: AtomicUsize,
     /// Wakes the connection's timer when its deadline may have moved.
     changed: tokio::sync::Notify,
+    /// Why the framing check refused a request on this connection (for its log line).
+    refusal: std::sync::OnceLock<&'static str>,
 }
 
 impl ConnActivity {
@@ -49,6 +51,7 @@ impl ConnActivity {
             head_since_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             changed: tokio::sync::Notify::new(),
+            refusal: std::sync::OnceLock::new(),
         }
     }
 
@@ -127,6 +130,9 @@ impl<IO> Guarded<IO> {
                     tracing::info!(reason = why, "refused a malformed request (400)");
                     f.poison(&mut self.out);
                     self.refused = true;
+                    let _ = self.activity.refusal.set(why);
+                } else if f.long_target() {
+                    let _ = self.activity.refusal.set(crate::refused::URI_TOO_LONG);
                 }
                 self.activity.set_head_in_progress(f.head_in_progress());
             }
@@ -229,9 +235,9 @@ pub async fn accept_loop(
                 Ok((stream, remote)) => {
                     let (cfg, shared, signals, tls) = (cfg.clone(), shared.clone(), signals.clone(), tls.clone());
                     tracker.spawn(async move {
-                        shared.metrics.downstream_open.inc();
+                        // A guard: even a connection task that panics takes itself off the gauge.
+                        let _open = crate::metrics::GaugeGuard::new(&shared.metrics.downstream_open);
                         serve(stream, remote, cfg, shared.clone(), signals, tls).await;
-                        shared.metrics.downstream_open.dec();
                     });
                 }
                 Err(e) => {
@@ -341,13 +347,14 @@ where
     let activity = ctx.activity.clone();
     let framer = (!h2).then(|| Framer::new(cfg.max_header_bytes));
     let io = Guarded::new(io, framer, prefix, activity.clone());
+    let conn_ctx = ctx.clone();
     let svc = service_fn(move |req| handle(req, ctx.clone()));
     if h2 {
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(60)))
             .serve_connection(TokioIo::new(io), svc);
-        drive(conn, &activity, &cfg, signals).await;
+        drive(conn, &conn_ctx, &cfg, signals).await;
     } else {
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -356,7 +363,7 @@ where
             .max_header_size(cfg.max_header_bytes)
             .keep_alive(true)
             .serve_connection(TokioIo::new(io), svc);
-        drive(conn, &activity, &cfg, signals).await;
+        drive(conn, &conn_ctx, &cfg, signals).await;
     }
 }
 
@@ -364,10 +371,11 @@ where
 /// it gracefully; a request head not complete within the header read timeout drops it.
 async fn drive<C: GracefulConn>(
     conn: C,
-    activity: &ConnActivity,
+    ctx: &ConnCtx,
     cfg: &ListenerConfig,
     mut signals: Signals,
 ) {
+    let activity = &*ctx.activity;
     tokio::pin!(conn);
     let mut closing = *signals.close_idle.borrow();
     if closing {
@@ -379,6 +387,11 @@ async fn drive<C: GracefulConn>(
             r = conn.as_mut() => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "downstream connection ended with an error");
+                    // hyper answered a request it could not parse (400, 414, 431) itself.
+                    let refusal = activity.refusal.get().copied();
+                    if let Some((cause, reason)) = crate::refused::classify(&e, refusal) {
+                        crate::refused::record(&ctx.shared, ctx.remote, "HTTP/1.1", cause, reason);
+                    }
                 }
                 return;
             }

@@ -321,6 +321,25 @@ impl Metrics {
     }
 }
 
+/// Holds one unit of a gauge (an open connection, a waiter) until dropped, so a task that
+/// panics or a future that is dropped can never leave the gauge high.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    /// Adds one to `gauge` until the guard is dropped.
+    pub fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// `2xx`..`5xx` for a status.
 pub fn class(status: http::StatusCode) -> &'static str {
     match status.as_u16() {

@@ -1,6 +1,7 @@
 //! The request path: route -> group -> peer -> pooled connection -> streamed response, with
 //! retries to other peers, stale-connection replays, and the retry budget.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,11 +16,13 @@ use tokio::time::Instant;
 
 use crate::access_log::Record;
 use crate::body::{OnDone, ReqBody, RespBody};
-use crate::config::ListenerConfig;
-use crate::error::{Kind, ProxyError};
+use crate::boundary::{CatchPanic, Panicked};
+use crate::config::{ListenerConfig, RouteConfig};
+use crate::error::{Kind, NoPeersReason, ProxyError};
 use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
+use crate::normalize::{self, Invalid};
 use crate::pool::{keepalive_hint, Checkin, ConnectError};
 use crate::request_id;
 use crate::rescue;
@@ -58,6 +61,7 @@ pub async fn handle(
     let state = shared.state.load_full();
     let version = req.version();
     let method = req.method().clone();
+    // As received, for the log only: routing uses the validated and normalised forms.
     let host = request_host(&req).map(str::to_owned);
     let path = req
         .uri()
@@ -68,12 +72,17 @@ pub async fn handle(
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
-    let result = forward(req, &ctx, &state, host.as_deref(), &bytes_in, &mut info).await;
+    let result = CatchPanic::new(forward(req, &ctx, &state, &bytes_in, &mut info))
+        .await
+        .unwrap_or_else(|Panicked(why)| {
+            tracing::error!(cause = "internal", panic = %why, method = %method, path = %path, "request handler panicked; answered 500");
+            Err(ProxyError::new(Kind::Internal))
+        });
     let upstream_header_ms = result.is_ok().then(|| millis(start.elapsed()));
     let (mut resp, cause, reason) = match result {
         Ok(r) => (r, None, None),
         Err(e) => {
-            if e.cause().status().is_server_error() {
+            if e.cause().status().is_server_error() && !matches!(e.kind(), Kind::Internal) {
                 tracing::warn!(cause = e.cause().as_str(), error = %e, path = %path, "request failed");
             }
             (rescue::response(&e), Some(e.cause().as_str()), e.detail())
@@ -214,10 +223,57 @@ fn proto_name(v: Version) -> &'static str {
 }
 
 fn request_host<B>(req: &Request<B>) -> Option<&str> {
-    req.headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+    req.uri().authority().map(|a| a.as_str()).or_else(|| {
+        req.headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+    })
+}
+
+/// The request's authority, checked (rule H1-H3 of `normalize/rules.md`): the target's
+/// authority (`:authority`, absolute-form) or else `Host`; both present must name one host.
+/// Returns the value as sent (forwarded as `Host`) and its host part (routed on).
+fn checked_authority<B>(req: &Request<B>) -> Result<Option<(&str, &str)>, Invalid> {
+    let from_host = match req.headers().get(header::HOST) {
+        None => None,
+        Some(v) => {
+            let v = v.to_str().map_err(|_| Invalid::Host)?;
+            Some((v, normalize::check_authority(v)?))
+        }
+    };
+    let Some(a) = req.uri().authority().map(|a| a.as_str()) else {
+        return Ok(from_host.filter(|(v, _)| !v.is_empty()));
+    };
+    let host = normalize::check_authority(a)?;
+    if let Some((_, h)) = from_host {
+        if !h.eq_ignore_ascii_case(host) {
+            return Err(Invalid::HostMismatch);
+        }
+    }
+    Ok(Some((a, host)).filter(|(v, _)| !v.is_empty()))
+}
+
+/// Routes on the normalised path (rules P1-P5): a path with an encoded separator is refused
+/// unless the route it reaches allows them. Returns the route and the path to forward.
+/// A matched route and its name as written.
+type Matched<'s> = (&'s RouteConfig, &'s RouteName);
+
+fn route_request<'s, 'p>(
+    state: &'s State,
+    host: Option<&str>,
+    raw: &'p str,
+) -> Result<(Option<Matched<'s>>, Cow<'p, str>), Invalid> {
+    match normalize::normalize_path(raw, false) {
+        Ok(p) => Ok((state.routes.find_route(host, &p), p)),
+        Err(Invalid::EncodedSeparator) => {
+            let p = normalize::normalize_path(raw, true)?;
+            match state.routes.find_route(host, &p) {
+                Some((r, n)) if r.allow_encoded_separators => Ok((Some((r, n)), p)),
+                _ => Err(Invalid::EncodedSeparator),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 #[derive(Default)]
@@ -268,46 +324,62 @@ async fn forward(
     req: Request<Incoming>,
     ctx: &ConnCtx,
     state: &State,
-    host: Option<&str>,
     bytes_in: &Arc<AtomicU64>,
     info: &mut AttemptInfo,
 ) -> Result<Response<RespBody>, ProxyError> {
     if req.method() == Method::CONNECT {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
-    let (route, route_name) = state
-        .routes
-        .find_route(host, req.uri().path())
-        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
+    let invalid = |e: Invalid| ProxyError::new(Kind::Invalid(e.as_str()));
+    let authority = checked_authority(&req).map_err(invalid)?;
+    let (host_value, host) = match authority {
+        Some((v, h)) => (Some(v.to_owned()), Some(h.to_owned())),
+        None => (None, None),
+    };
+    let host_value = host_value.as_deref();
+    let (route, path) = route_request(state, host.as_deref(), req.uri().path()).map_err(invalid)?;
+    let (route, route_name) = route.ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
     info.route = Some(route_name.clone());
-    let group_name = route.group.as_str();
     let group = state
         .groups
-        .get(group_name)
+        .get(&route.group)
         .ok_or_else(|| ProxyError::new(Kind::NoRoute))?
         .clone();
+    // What is forwarded is what was routed: the normalised path, the query as sent.
+    let uri = match (&path, req.uri().path_and_query()) {
+        (Cow::Borrowed(_), Some(pq)) => Uri::from(pq.clone()),
+        (Cow::Borrowed(_), None) => Uri::from_static("/"),
+        (Cow::Owned(p), pq) => {
+            let target = match pq.and_then(|pq| pq.query()) {
+                Some(q) => format!("{p}?{q}"),
+                None => p.clone(),
+            };
+            Uri::try_from(target).map_err(|_| invalid(Invalid::Path))?
+        }
+    };
 
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if !headers.contains_key(header::HOST) {
-        if let Some(h) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
+        if let Some(h) = host_value.and_then(|h| HeaderValue::from_str(h).ok()) {
             headers.insert(header::HOST, h);
         }
     }
+    let trusted = ctx
+        .listener
+        .trusted_proxies
+        .iter()
+        .any(|c| c.contains(ctx.remote.ip()));
     add_forwarded(
         &mut headers,
         ctx.listener.forwarded,
+        trusted,
         ctx.remote,
         &ctx.client_ip,
         if ctx.tls { "https" } else { "http" },
-        host,
+        host_value,
     );
-    let uri = parts
-        .uri
-        .path_and_query()
-        .map(|pq| Uri::from(pq.clone()))
-        .unwrap_or_else(|| Uri::from_static("/"));
 
     // Read the first body frame before choosing a peer, so a malformed body start is refused
     // with 400 before any upstream sees the request.
@@ -354,6 +426,9 @@ async fn send_with_retries(
     let deadline = started + cfg.deadline;
     let window_end = started + cfg.retry.connect_retry_window;
     let metrics = group.metrics();
+    if group.known_down() {
+        return Err(ProxyError::new(Kind::NoPeers(NoPeersReason::AllDown)));
+    }
     let mut budget = group.start_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     let mut last: Option<ProxyError> = None;
@@ -403,9 +478,10 @@ async fn send_with_retries(
         };
         info.attempts += 1;
         info.peer = Some(peer.clone());
+        let sent_at = Instant::now();
         match attempt(group, &peer, out, deadline).await {
             Ok(resp) => {
-                group.record_success(&peer);
+                group.record_success(&peer, sent_at);
                 group.connect_window_recovered();
                 return Ok(resp);
             }
@@ -419,6 +495,12 @@ async fn send_with_retries(
                 };
                 if matches!(err.kind(), Kind::BadRequest) {
                     return Err(err);
+                }
+                if err.is_connect() {
+                    group.record_connect_failure(peer.addr());
+                } else {
+                    // It connected (or reused a connection): whatever failed, it is not down.
+                    group.record_connected(peer.addr());
                 }
                 group.record_failure(&peer, weight);
                 tried.push(peer.addr());
@@ -489,10 +571,10 @@ async fn attempt(
         };
         let reused = conn.is_reused();
         let (w0, r0) = (conn.written(), conn.read());
-        peer.start_request();
+        let in_flight = peer.start_request();
         let try_deadline = (Instant::now() + cfg.try_timeout).min(deadline);
         let res = tokio::time::timeout_at(try_deadline, conn.sender.try_send_request(req)).await;
-        peer.end_request();
+        drop(in_flight);
         match res {
             Err(_) => {
                 let written = conn.written() > w0;

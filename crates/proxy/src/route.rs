@@ -57,7 +57,7 @@ impl RouteTable {
         self.find_route(host, path).map(|(r, _)| r.group.as_str())
     }
 
-    /// The route for a host (any case, port ignored) and path, with its name.
+    /// The route for a host (any case, port ignored) and a normalised path, with its name.
     pub fn find_route(&self, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &RouteName)> {
         let host = host.map(|h| strip_port(h).to_ascii_lowercase());
         self.routes.iter().zip(&self.names).find(|(r, _)| {
@@ -72,13 +72,14 @@ impl RouteTable {
     }
 }
 
+/// `host:port` -> `host`, `[v6]:port` -> `[v6]`. Any input gives a slice of itself: hosts
+/// are validated before routing, but this must not be the place that panics if one is not.
 fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
-        return host
-            .split(']')
-            .next()
-            .map(|h| &host[..h.len() + 1])
-            .unwrap_or(host);
+        return match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
     }
     match host.rsplit_once(':') {
         Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
@@ -105,6 +106,7 @@ mod tests {
             host,
             path: path.into(),
             group: group.into(),
+            allow_encoded_separators: false,
         }
     }
 
@@ -158,5 +160,16 @@ mod tests {
             Some(("*.example.com/v1".into(), "wild".into()))
         );
         assert_eq!(name("x.test", "/"), None);
+    }
+
+    #[test]
+    fn any_host_text_routes_without_panicking() {
+        let t = RouteTable::new(&[r(HostMatch::Exact("[::1]".into()), "/", "v6")]);
+        for h in [
+            "[", "[]", "[::1", "]", ":", "[:", "[::1]:80", "\u{e9}:1", "",
+        ] {
+            let _ = t.find(Some(h), "/");
+        }
+        assert_eq!(t.find(Some("[::1]:80"), "/"), Some("v6"));
     }
 }

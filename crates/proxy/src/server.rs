@@ -123,6 +123,7 @@ pub async fn start_workers(
     access_log: AccessLogger,
     workers: usize,
 ) -> Result<Running, StartError> {
+    crate::boundary::install_panic_hook();
     let metrics = Metrics::new();
     let config = Arc::new(config);
     let admin_listener = TcpListener::bind(config.admin.listen)

@@ -1,6 +1,7 @@
 //! Upstream groups: peers, health, balancing, discovery.
 
 pub mod active;
+pub mod down;
 pub mod group;
 pub mod names;
 pub mod peer;

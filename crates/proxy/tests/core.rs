@@ -60,7 +60,13 @@ endpoints = ["{}"]
 #[tokio::test]
 async fn hop_by_hop_headers_are_stripped_and_forwarding_headers_appended() {
     let b = TestBackend::start("b").await;
-    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    // The client is a trusted proxy here, so its X-Forwarded-For is appended to.
+    let cfg = one_group(&[b.addr()], "").replacen(
+        "listen = \"127.0.0.1:0\"\n\n[[route]]",
+        "listen = \"127.0.0.1:0\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n[[route]]",
+        1,
+    );
+    let up = upkeep(&cfg).await;
     let raw = "GET /h HTTP/1.1\r\nHost: svc.test\r\nConnection: keep-alive, X-Private\r\nX-Private: secret\r\nKeep-Alive: timeout=9\r\nTE: trailers\r\nProxy-Authorization: Basic x\r\nUpgrade: websocket\r\nX-Forwarded-For: 10.1.1.1\r\nX-Kept: yes\r\n\r\n";
     let resp = upkeep_test_support::raw_exchange(
         up.listeners[0],

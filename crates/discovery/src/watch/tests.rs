@@ -382,3 +382,33 @@ async fn every_address_change_is_one_log_line() {
         lines[2]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_aaaa_lookup_keeps_the_ipv6_addresses_that_a_answers_cannot_replace() {
+    let src = Scripted::new(vec![
+        records(&["127.0.0.2", "::2"], S),
+        // A changed, AAAA timed out: the v4 set is replaced, the v6 address stays.
+        Outcome::Partial {
+            addrs: vec![ip("127.0.0.3")],
+            ttl: S,
+            unknown: crate::outcome::Family::V6,
+        },
+        // And the other way round.
+        Outcome::Partial {
+            addrs: vec![ip("::3")],
+            ttl: S,
+            unknown: crate::outcome::Family::V4,
+        },
+    ]);
+    let (rx, _task, _) = start(
+        src.clone(),
+        policy(StaleGrace::WhileHealthy),
+        Arc::new(AssumeHealthy(true)),
+    );
+    tokio::time::sleep(S / 2).await;
+    assert_eq!(addrs(&rx), vec![ip("127.0.0.2"), ip("::2")]);
+    tokio::time::sleep(S).await;
+    assert_eq!(addrs(&rx), vec![ip("127.0.0.3"), ip("::2")]);
+    tokio::time::sleep(S).await;
+    assert_eq!(addrs(&rx), vec![ip("127.0.0.3"), ip("::3")]);
+}

@@ -154,6 +154,67 @@ pub struct ListenerConfig {
     pub max_header_bytes: usize,
     /// Forwarding headers.
     pub forwarded: Forwarded,
+    /// Clients whose forwarding headers are appended to; from anyone else they are replaced.
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+/// An address block, `10.0.0.0/8` or `::1/128`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    net: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `ip/len` or a bare `ip` (a single address).
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (ip, len) = match s.split_once('/') {
+            Some((ip, len)) => (ip, Some(len)),
+            None => (s, None),
+        };
+        let net: std::net::IpAddr = ip
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address block such as \"10.0.0.0/8\""))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match len {
+            None => max,
+            Some(l) => match l.parse::<u8>() {
+                Ok(n) if n <= max => n,
+                _ => return Err(format!("{s:?}: prefix length must be 0 to {max}")),
+            },
+        };
+        Ok(Cidr { net, prefix })
+    }
+
+    /// Whether `ip` is inside the block (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}/{}", self.net, self.prefix))
+    }
 }
 
 impl ListenerConfig {
@@ -167,6 +228,7 @@ impl ListenerConfig {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             forwarded: Forwarded::XForwarded,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -202,6 +264,9 @@ pub struct RouteConfig {
     pub path: String,
     /// Target group.
     pub group: String,
+    /// Paths with `%2e`, `%2f`, `%5c` or a raw backslash are routed here (kept encoded)
+    /// instead of refused with 400.
+    pub allow_encoded_separators: bool,
 }
 
 /// Peer selection.

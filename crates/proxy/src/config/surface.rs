@@ -54,6 +54,7 @@ pub(crate) struct Listener {
     pub body_timeout: Option<S<String>>,
     pub max_header_bytes: Option<S<i64>>,
     pub forwarded: Option<S<String>>,
+    pub trusted_proxies: Option<Vec<S<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +70,7 @@ pub(crate) struct Route {
     pub host: Option<S<String>>,
     pub path: Option<S<String>>,
     pub group: S<String>,
+    pub allow_encoded_separators: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

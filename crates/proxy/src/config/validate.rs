@@ -186,6 +186,12 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
                 }
             };
         }
+        for c in l.trusted_proxies.iter().flatten() {
+            match Cidr::parse(c.get_ref()) {
+                Ok(c) => m.trusted_proxies.push(c),
+                Err(e) => cx.err(c.span(), format!("trusted_proxies: {e}")),
+            }
+        }
         if let Some(t) = &l.tls {
             let base = loc.base_dir();
             let cert = base.join(t.cert.get_ref());
@@ -275,6 +281,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
             host,
             path,
             group: r.group.get_ref().clone(),
+            allow_encoded_separators: r.allow_encoded_separators.unwrap_or(false),
         });
     }
     if file.route.is_empty() {

@@ -14,6 +14,8 @@ use bytes::BytesMut;
 pub const POISON: &[u8] = b"\x01invalid\r\n\r\n";
 
 const MAX_CHUNK_LINE: usize = 1024;
+/// hyper's HTTP/1 parser answers 414 for a request target longer than this.
+const MAX_TARGET: usize = u16::MAX as usize - 1;
 const MAX_TRAILERS: usize = 16 * 1024;
 
 /// Why a message was refused.
@@ -42,6 +44,8 @@ pub struct Framer {
     max_head: usize,
     /// Where, in the output of the current `feed`, the message being checked starts.
     msg_start: Option<usize>,
+    /// A head with a request target too long for hyper went through (it answers 414).
+    long_target: bool,
 }
 
 impl Framer {
@@ -53,7 +57,13 @@ impl Framer {
             trailer_bytes: 0,
             max_head,
             msg_start: None,
+            long_target: false,
         }
+    }
+
+    /// A request target longer than hyper takes has been passed on (hyper answers 414).
+    pub fn long_target(&self) -> bool {
+        self.long_target
     }
 
     /// Part of a request head has arrived and is held back (for the header read timeout).
@@ -88,7 +98,8 @@ impl Framer {
                             }
                             return Ok(());
                         }
-                        HeadStatus::Complete(n, body) => {
+                        HeadStatus::Complete(n, body, target_len) => {
+                            self.long_target |= target_len > MAX_TARGET;
                             self.msg_start = Some(out.len());
                             out.extend_from_slice(&self.pending[..n]);
                             let rest = self.pending.split_off(n);
@@ -191,7 +202,8 @@ impl Framer {
 
 enum HeadStatus {
     Partial,
-    Complete(usize, BodyKind),
+    /// Head length, body framing, request-target length.
+    Complete(usize, BodyKind, usize),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -218,6 +230,7 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
         Err(_) => return Err(Refused("malformed request head")),
     };
     let http10 = req.version == Some(0);
+    let target_len = req.path.map_or(0, str::len);
     let (mut cl, mut te, mut hosts) = (Vec::new(), Vec::new(), 0);
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -251,7 +264,7 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
         if !v.trim_matches([' ', '\t']).eq_ignore_ascii_case("chunked") {
             return Err(Refused("Transfer-Encoding other than a single chunked"));
         }
-        return Ok(HeadStatus::Complete(n, BodyKind::Chunked));
+        return Ok(HeadStatus::Complete(n, BodyKind::Chunked, target_len));
     }
     if let Some(v) = cl.first() {
         let v = trim_ows(v);
@@ -269,9 +282,10 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
             } else {
                 BodyKind::Length(len)
             },
+            target_len,
         ));
     }
-    Ok(HeadStatus::Complete(n, BodyKind::None))
+    Ok(HeadStatus::Complete(n, BodyKind::None, target_len))
 }
 
 fn trim_ows(v: &[u8]) -> &[u8] {
@@ -300,6 +314,46 @@ fn chunk_size(line: &[u8]) -> Result<u64, Refused> {
     }
     let s = std::str::from_utf8(&line[..hex_end]).map_err(|_| Refused("invalid chunk size"))?;
     u64::from_str_radix(s, 16).map_err(|_| Refused("invalid chunk size"))
+}
+
+/// The framing check's invariants on any input, for the fuzz target (`fuzz/`) and the
+/// corpus replay test: it never panics; fed whole, in two parts split where the first byte
+/// says, or byte by byte (inputs up to 4 KiB), it gives the same verdict and, when it
+/// accepts, passes on the same bytes, which are a prefix of the input.
+pub fn check_invariants(data: &[u8]) {
+    fn run(parts: &mut dyn Iterator<Item = &[u8]>) -> (bool, BytesMut) {
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        for part in parts {
+            if f.feed(part, &mut out).is_err() {
+                f.poison(&mut out);
+                return (false, out);
+            }
+        }
+        (true, out)
+    }
+    let (ok, whole) = run(&mut std::iter::once(data));
+    if ok {
+        assert!(
+            data.starts_with(&whole),
+            "passed on bytes that were not sent"
+        );
+    } else {
+        assert!(whole.ends_with(POISON), "a refusal must end in the poison");
+    }
+    let split = data.first().map_or(0, |&b| usize::from(b)) % (data.len() + 1);
+    let (ok2, two) = run(&mut [&data[..split], &data[split..]].into_iter());
+    assert_eq!(ok, ok2, "verdict depends on a split at {split}");
+    if ok {
+        assert_eq!(whole, two, "output depends on a split at {split}");
+    }
+    if data.len() <= 4096 {
+        let (ok3, bytes) = run(&mut data.chunks(1));
+        assert_eq!(ok, ok3, "verdict differs byte by byte");
+        if ok {
+            assert_eq!(whole, bytes, "output differs byte by byte");
+        }
+    }
 }
 
 #[cfg(test)]

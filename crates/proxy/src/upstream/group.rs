@@ -40,6 +40,11 @@ impl PeerSet {
     pub fn is_empty(&self) -> bool {
         self.by_addr.is_empty()
     }
+
+    /// Whether `addr` is a peer.
+    pub fn contains(&self, addr: &SocketAddr) -> bool {
+        self.by_addr.contains_key(addr)
+    }
 }
 
 /// The addresses one endpoint currently contributes.
@@ -70,6 +75,11 @@ pub struct Group {
     window_waiters: AtomicUsize,
     window_recovered: tokio::sync::Notify,
     name_views: Mutex<std::collections::BTreeMap<usize, serde_json::Value>>,
+    /// Held from the panic-threshold check to the ejection, so failures recorded at once on
+    /// several threads cannot each see room for one more ejection and together break it.
+    eject_lock: Mutex<()>,
+    /// Whether every peer has been failing to connect, and since when (fail fast).
+    pub(super) down: super::down::DownState,
 }
 
 impl Drop for Group {
@@ -115,6 +125,8 @@ impl Group {
             window_waiters: AtomicUsize::new(0),
             window_recovered: tokio::sync::Notify::new(),
             name_views: Mutex::new(std::collections::BTreeMap::new()),
+            eject_lock: Mutex::new(()),
+            down: super::down::DownState::default(),
         });
         g.rebuild();
         g
@@ -325,15 +337,17 @@ impl Group {
         }
     }
 
-    /// Records a success on `peer`.
-    pub fn record_success(&self, peer: &Peer) {
-        peer.record_success();
+    /// Records a success on `peer` of a request sent at `sent_at`.
+    pub fn record_success(&self, peer: &Peer, sent_at: Instant) {
+        peer.record_success(sent_at);
+        self.record_connected(peer.addr());
     }
 
     /// Records a failure on `peer`; ejects it unless that would leave the group with fewer
     /// healthy peers than the panic threshold allows.
     pub fn record_failure(&self, peer: &Peer, weight: u32) -> FailureEffect {
         let set = self.peers.load();
+        let _check_and_eject = self.eject_lock.lock().unwrap();
         let now = Instant::now();
         let effect = peer.record_failure(&self.cfg.health, weight, now, || {
             let healthy = set.all().filter(|p| p.is_healthy(now)).count();
@@ -398,13 +412,21 @@ impl Group {
                 .await;
                 return;
             }
+            // A guard, so a request dropped while it waits (client gone) is no waiter any more.
+            struct Waiting<'a>(&'a AtomicUsize);
+            impl Drop for Waiting<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
             self.window_waiters.fetch_add(1, Ordering::AcqRel);
+            let waiting = Waiting(&self.window_waiters);
             let woken = tokio::time::timeout_at(
                 until.min(now + std::time::Duration::from_millis(250)),
                 self.window_recovered.notified(),
             )
             .await;
-            self.window_waiters.fetch_sub(1, Ordering::AcqRel);
+            drop(waiting);
             if woken.is_ok() {
                 // Spread the herd over 50 ms: hundreds of SYNs at one instant overflow the
                 // peer's SYN backlog, and a dropped SYN costs a 1 s retransmit.
@@ -537,6 +559,33 @@ mod tests {
         assert_eq!(peers.iter().filter(|p| p.is_healthy(now)).count(), 2);
     }
 
+    #[test]
+    fn concurrent_failures_never_eject_below_the_panic_threshold() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _rt = rt.enter();
+        let addrs = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"];
+        for round in 0..300 {
+            let g = group(&addrs, &[0, 0, 0, 0]);
+            let peers: Vec<_> = g.peers().all().cloned().collect();
+            let start = std::sync::Barrier::new(peers.len());
+            // Every peer fails at the same moment on its own thread, as on serving threads.
+            std::thread::scope(|s| {
+                for p in &peers {
+                    let (g, start) = (&g, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        g.record_failure(p, 1)
+                    });
+                }
+            });
+            let now = Instant::now();
+            let healthy = peers.iter().filter(|p| p.is_healthy(now)).count();
+            assert_eq!(healthy, 2, "round {round}: 50% of 4 must stay healthy");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn failed_trial_after_an_ejection_re_ejects_with_a_longer_time() {
         let g = group(&["127.0.0.1:1", "127.0.0.1:2"], &[0, 0]);
@@ -582,7 +631,7 @@ mod tests {
         ));
         assert_eq!(g.pick(&[]).unwrap().addr().port(), 2);
         // A retry after tier 0 failed goes to tier 1 even while tier 0 is healthy.
-        first.record_success();
+        first.record_success(Instant::now());
         assert_eq!(
             g.pick(&["127.0.0.1:1".parse().unwrap()])
                 .unwrap()

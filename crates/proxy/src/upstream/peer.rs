@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -33,6 +33,16 @@ struct Health {
     last_ejected_at: Option<Instant>,
     active_down: bool,
     active_streak: u32,
+}
+
+/// One request in flight on a peer; the count goes down when this is dropped.
+#[derive(Debug)]
+pub struct ActiveGuard(Arc<Peer>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What a failure did to the peer.
@@ -100,12 +110,11 @@ impl Peer {
         self.active.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn start_request(&self) {
+    /// Counts a request in flight on this peer until the guard is dropped, so a request
+    /// whose client went away (its future dropped mid-wait) never leaves the count high.
+    pub(crate) fn start_request(self: &Arc<Self>) -> ActiveGuard {
         self.active.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn end_request(&self) {
-        self.active.fetch_sub(1, Ordering::Relaxed);
+        ActiveGuard(self.clone())
     }
 
     /// Usable for new requests now: not ejected (or the ejection ran out: a trial), not down.
@@ -117,14 +126,19 @@ impl Peer {
         !h.active_down && h.ejected_until.is_none_or(|t| now >= t)
     }
 
-    /// A request succeeded: failures reset, an ejection ends at once.
-    pub fn record_success(&self) {
+    /// A request sent at `sent_at` succeeded: failures reset, an ejection ends at once. A
+    /// success of a request sent before the current ejection began says nothing about the
+    /// peer since then, so it leaves that ejection alone.
+    pub fn record_success(&self, sent_at: Instant) {
         if !self.unhealthy.load(Ordering::Relaxed) {
             let mut h = self.health.lock().unwrap();
             h.consecutive_failures = 0;
             return;
         }
         let mut h = self.health.lock().unwrap();
+        if h.last_ejected_at.is_some_and(|t| t > sent_at) {
+            return;
+        }
         h.consecutive_failures = 0;
         h.ejected_until = None;
         self.unhealthy.store(h.active_down, Ordering::Relaxed);
@@ -279,8 +293,42 @@ mod tests {
         let now = Instant::now();
         p.record_failure(&cfg(), 3, now, || true);
         assert!(!p.is_healthy(now));
-        p.record_success();
+        p.record_success(Instant::now());
         assert!(p.is_healthy(Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_of_a_request_sent_before_the_ejection_does_not_end_it() {
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        p.record_failure(&cfg(), 3, Instant::now(), || true);
+        assert!(!p.is_healthy(Instant::now()));
+        // The slow request answered after the ejection, but it left before it.
+        p.record_success(sent);
+        assert!(
+            !p.is_healthy(Instant::now()),
+            "a stale success ended the ejection"
+        );
+        // One sent after the ejection (a trial) does end it.
+        p.record_success(Instant::now());
+        assert!(p.is_healthy(Instant::now()));
+    }
+
+    #[test]
+    fn the_in_flight_count_is_a_guard() {
+        let p = Arc::new(Peer::new("127.0.0.1:1".parse().unwrap(), 0));
+        let a = p.start_request();
+        let b = p.start_request();
+        assert_eq!(p.active(), 2);
+        drop(a);
+        // A dropped request future drops its guard too.
+        let fut = async move {
+            let _b = b;
+            std::future::pending::<()>().await;
+        };
+        drop(fut);
+        assert_eq!(p.active(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,82 @@
+//! Requests refused before any handler ran: the framing check, the HTTP/1 parser's own 400,
+//! 414 and 431. Each gets one access-log line and one count in
+//! `upkeep_responses_total{origin="proxy",cause=...}`, like every response upkeep makes.
+
+use std::net::SocketAddr;
+use std::time::SystemTime;
+
+use crate::access_log::Record;
+use crate::error::Cause;
+use crate::metrics::class;
+use crate::state::Shared;
+
+/// Why hyper's HTTP/1 server refused a request, from its error and what the framing check
+/// noted on the connection (`refusal`: its reason, or `uri_too_long`); `None` when the error
+/// was no refusal (a reset, a timeout, a closed connection).
+pub fn classify(
+    e: &hyper::Error,
+    refusal: Option<&'static str>,
+) -> Option<(Cause, Option<&'static str>)> {
+    if e.is_parse_too_large() {
+        Some(if refusal == Some(URI_TOO_LONG) {
+            (Cause::UriTooLong, None)
+        } else {
+            (Cause::HeaderTooLarge, None)
+        })
+    } else if e.is_parse() {
+        Some((
+            Cause::BadRequest,
+            Some(refusal.unwrap_or("unparsable_request")),
+        ))
+    } else {
+        None
+    }
+}
+
+/// The framing check's note for a target hyper answers 414.
+pub const URI_TOO_LONG: &str = "uri_too_long";
+
+/// Logs and counts one refused request.
+pub fn record(
+    shared: &Shared,
+    remote: SocketAddr,
+    proto: &'static str,
+    cause: Cause,
+    reason: Option<&'static str>,
+) {
+    let status = cause.status();
+    shared
+        .metrics
+        .response("proxy", class(status), cause.as_str());
+    tracing::debug!(client.addr = %remote, status = status.as_u16(), cause = cause.as_str(), reason = reason.unwrap_or("-"), "request refused before routing");
+    if shared.access_log.is_on() {
+        // No head was read, so there is no id to keep: one is made, as for any request.
+        let request_id = crate::request_id::ensure(&mut http::HeaderMap::new());
+        shared.access_log.log(Record {
+            time: SystemTime::now(),
+            client: remote.ip(),
+            method: String::new(),
+            host: String::new(),
+            path: String::new(),
+            proto,
+            status: status.as_u16(),
+            duration_ms: 0.0,
+            request_id: String::from_utf8_lossy(request_id.as_bytes()).into_owned(),
+            user_agent: None,
+            referer: None,
+            route: None,
+            group: None,
+            peer: None,
+            attempts: 0,
+            upstream_status: None,
+            upstream_header_ms: None,
+            bytes_in: 0,
+            bytes_out: 0,
+            origin: "proxy",
+            cause: Some(cause.as_str()),
+            reason,
+            incomplete: false,
+            format: shared.state.load().config.access_log_format,
+        });
+    }
+}
