@@ -23,7 +23,7 @@ mod clock;
 mod pollers;
 mod stats;
 
-pub use stats::LoadStats;
+pub use stats::{LoadStats, LAG_P99_LIMIT_MS};
 
 /// How the generator uses connections.
 #[derive(Debug, Clone, PartialEq)]
