@@ -214,6 +214,8 @@ fn send_open_loop(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let priority = clock::raise_priority();
+    tracing::debug!(priority, "load sender thread priority");
     rt.block_on(async move {
         let timer = clock::PreciseTimer::new()?;
         let spec = Arc::new(spec);
