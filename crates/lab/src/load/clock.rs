@@ -68,11 +68,11 @@ impl PreciseTimer {
 
 /// Lets the calling (sending) thread run as soon as its timer fires, ahead of the proxies and
 /// backends it measures: real-time FIFO where allowed (root or CAP_SYS_NICE), else nice -10,
-/// else as it is. On two cores shared with a target, a thread of ordinary priority waited
-/// tens of milliseconds for a CPU after its timer fired (send-lag p99 34-45 ms at 200 req/s
-/// under load average 12, 0.5-2.7 ms as real-time), and that wait is the generator's, not
-/// the target's. The thread sleeps between requests and is busy only while catching up, so
-/// it takes little CPU from the target; the kernel's real-time throttling caps it anyway.
+/// else as it is. On two cores shared with a target, a thread of ordinary priority can wait
+/// tens of milliseconds for a CPU after its timer fired (docs/lab.md has the figures), and
+/// that wait is the generator's, not the target's. The thread sleeps between requests and is
+/// busy only while catching up, so it takes little CPU from the target; the kernel's
+/// real-time throttling caps it anyway.
 pub(super) fn raise_priority() -> &'static str {
     use thread_priority::{
         set_current_thread_priority, set_thread_priority_and_policy, thread_native_id,
