@@ -202,7 +202,22 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         };
         let rows = run_all(&scenarios, &kinds, &opts, args.parallel).await;
         print_rows(&rows, &args.format)?;
-        eprintln!("timelines: {}", args.out.display());
+        if args.format == "table" {
+            println!();
+            print!("{}", report::headline::totals(&rows));
+            println!();
+            print!("{}", report::headline::LEGEND);
+            println!();
+            print!("{}", report::headline::headline(&rows));
+        }
+        match report::picture::write(&args.out, &rows) {
+            Ok(w) => match w.png {
+                Ok(png) => eprintln!("picture: {} and {}", png.display(), w.svg.display()),
+                Err(e) => eprintln!("picture: {} (no PNG: {e})", w.svg.display()),
+            },
+            Err(e) => eprintln!("no picture: {e}"),
+        }
+        eprintln!("timelines per run: {}", args.out.display());
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -382,6 +397,8 @@ async fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
     let rows = run_all(&scenarios, &kinds, &opts, a.parallel).await;
     print_rows(&rows, &a.format)?;
     if a.format == "table" {
+        println!();
+        print!("{}", report::headline::LEGEND);
         eprintln!("timelines: {}", a.out.display());
     }
     Ok(ExitCode::SUCCESS)

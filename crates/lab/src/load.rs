@@ -23,7 +23,7 @@ mod clock;
 mod pollers;
 mod stats;
 
-pub use stats::LoadStats;
+pub use stats::{LoadStats, LAG_P99_LIMIT_MS};
 
 /// How the generator uses connections.
 #[derive(Debug, Clone, PartialEq)]
@@ -214,6 +214,8 @@ fn send_open_loop(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let priority = clock::raise_priority();
+    tracing::debug!(priority, "load sender thread priority");
     rt.block_on(async move {
         let timer = clock::PreciseTimer::new()?;
         let spec = Arc::new(spec);

@@ -9,7 +9,12 @@ use crate::classify::Classified;
 use crate::load::RequestRecord;
 use crate::timeline::FaultEvent;
 
+pub mod headline;
+pub mod incidents;
+pub mod picture;
 pub mod svg;
+#[cfg(test)]
+mod synthetic;
 
 /// The result of one scenario against one target (or why it was skipped).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -20,8 +25,15 @@ pub struct RunReport {
     pub target: String,
     /// Target label, naming a substitute pattern if one was used.
     pub label: String,
+    /// The config pattern the target ran, in a few words (`upstream resolve`).
+    pub pattern: String,
     /// Whether a correct proxy has an error-free path here.
     pub healthy_path: bool,
+    /// How long the load ran, seconds.
+    pub duration_s: f64,
+    /// Responses per 100 ms: (2xx-4xx, 5xx, no response); drawn, not serialized.
+    #[serde(skip)]
+    pub buckets: Vec<(u32, u32, u32)>,
     /// Requests sent.
     pub requests: u64,
     /// Requests with no response or a 5xx.
@@ -69,6 +81,12 @@ impl RunReport {
             skip_reason: Some(reason),
             ..RunReport::default()
         }
+    }
+
+    /// Whether the load generator fell behind its own schedule here (send-lag p99 at or above
+    /// 1 ms), so that the row measured the generator's shortage of CPU as well as the target.
+    pub fn lagged(&self) -> bool {
+        !self.skipped && self.lag_p99_ms >= crate::load::LAG_P99_LIMIT_MS
     }
 
     /// Whether the row meets its scenario's bar (no errors, restarts or cuts on a healthy path).
@@ -158,13 +176,21 @@ fn outcome(r: &RunReport) -> String {
     parts.join("; ")
 }
 
-/// The side-by-side terminal table.
+/// The warning printed under a row whose load generator fell behind its schedule.
+pub fn lag_warning(r: &RunReport) -> String {
+    format!(
+        "warning: the load generator ran {:.1} ms (p99) behind its schedule in this row, so its figures include the generator's own shortage of CPU; rerun with fewer --parallel or a lower --rate",
+        r.lag_p99_ms
+    )
+}
+
+/// The side-by-side terminal table; a row where the generator lagged gets a warning under it.
 pub fn table(rows: &[RunReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<48} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8}  causes",
-        "scenario", "target", "reqs", "errors", "outage_s", "failov_s", "p99_ms", "lag_p99"
+        "{:<24} {:<48} {:>6} {:>6} {:>8} {:>10} {:>8} {:>10}  causes",
+        "scenario", "target", "reqs", "errors", "outage_s", "failover_s", "p99_ms", "lag_p99_ms"
     );
     for r in rows {
         if r.skipped {
@@ -173,7 +199,7 @@ pub fn table(rows: &[RunReport]) -> String {
         }
         let _ = writeln!(
             out,
-            "{:<24} {:<48} {:>6} {:>6} {:>8.2} {:>8} {:>8.1} {:>8.2}  {}",
+            "{:<24} {:<48} {:>6} {:>6} {:>8.2} {:>10} {:>8.1} {:>10.2}  {}",
             r.scenario,
             r.label,
             r.requests,
@@ -184,6 +210,9 @@ pub fn table(rows: &[RunReport]) -> String {
             r.lag_p99_ms,
             outcome(r)
         );
+        if r.lagged() {
+            let _ = writeln!(out, "  {}", lag_warning(r));
+        }
     }
     out
 }
@@ -218,6 +247,9 @@ pub fn markdown(rows: &[RunReport]) -> String {
             r.max_ms,
             outcome(r)
         );
+        if r.lagged() {
+            let _ = writeln!(out, "| | {} | | | | | | |", lag_warning(r));
+        }
     }
     out
 }

@@ -20,7 +20,7 @@ pub mod run;
 pub struct Scenario {
     /// Short name, used in reports and file names.
     pub name: String,
-    /// One line on what it shows and which seed it comes from.
+    /// One line on what it shows and which incident (docs/incidents.md) it reproduces.
     pub description: String,
     /// How long the load runs.
     #[serde(with = "serde_str")]
@@ -177,11 +177,12 @@ pub struct FaultSpec {
     pub dns: Option<String>,
     /// DNS mode (`fixed`, `alternate`, `nxdomain`, `nodata`, `servfail`, `refused`, `silent`).
     pub mode: Option<String>,
-    /// Send this signal to the target (`TERM`).
+    /// Send this signal to the target: `stop` (its own graceful stop: SIGTERM to upkeep,
+    /// SIGQUIT to nginx, SIGUSR1 to HAProxy), or `TERM`, `QUIT`, `INT`, `HUP`.
     pub signal: Option<String>,
 }
 
-/// Kubelet-like probes with the seed's periods and thresholds (scaled by the file).
+/// Kubelet-like probes with the incident's periods and thresholds (scaled by the file).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbesSpec {
@@ -212,8 +213,8 @@ pub struct ProbeSpec {
 /// A scenario that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    /// The file could not be read.
-    #[error("{path}: {source}")]
+    /// The file could not be read (the OS error is the source, printed once by the caller).
+    #[error("reading scenario {path}")]
     Io {
         /// File.
         path: String,
@@ -364,7 +365,7 @@ impl Scenario {
                 }
             }
             if let Some(s) = &f.signal {
-                if !matches!(s.as_str(), "TERM" | "QUIT" | "INT" | "HUP") {
+                if !matches!(s.as_str(), "stop" | "TERM" | "QUIT" | "INT" | "HUP") {
                     out.push(format!("fault #{n}: unsupported signal {s}"));
                 }
             }

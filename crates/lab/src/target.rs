@@ -36,6 +36,18 @@ impl TargetKind {
         }
     }
 
+    /// The signal that stops this proxy gracefully, the way its own package stops it: upkeep
+    /// drains on SIGTERM; nginx's graceful shutdown is SIGQUIT (SIGTERM is its fast shutdown,
+    /// which cuts requests in flight; Debian's unit sends QUIT); HAProxy's soft-stop is SIGUSR1
+    /// (stop listening, finish what is in flight).
+    pub fn graceful_stop(self) -> Signal {
+        match self {
+            TargetKind::Upkeep => Signal::SIGTERM,
+            TargetKind::Nginx => Signal::SIGQUIT,
+            TargetKind::Haproxy => Signal::SIGUSR1,
+        }
+    }
+
     /// Parses `upkeep`, `nginx` or `haproxy`.
     pub fn parse(s: &str) -> Option<TargetKind> {
         match s.trim() {
@@ -105,6 +117,8 @@ pub enum Prepared {
     Ready {
         /// Label for the report, e.g. `nginx 1.22.1 (dynamic-resolve pattern)`.
         label: String,
+        /// The config pattern the target runs, in a few words (`upstream resolve`).
+        pattern: String,
         /// Config file name and contents.
         config: String,
     },
@@ -276,10 +290,12 @@ impl Running {
         }
     }
 
-    /// Stops the target by PID (TERM, then KILL after 5 s) and collects its logs.
+    /// Stops the target by PID (its graceful stop, then KILL after 5 s) and collects its logs.
     pub async fn stop(mut self) -> TargetLogs {
         if let Ok(None) = self.child.try_wait() {
-            self.signal("TERM");
+            if let Some(pid) = self.pid() {
+                let _ = kill(Pid::from_raw(pid as i32), self.kind.graceful_stop());
+            }
             if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
                 .await
                 .is_err()

@@ -35,6 +35,8 @@ pub struct Handles {
     pub dns: Option<Arc<FakeDns>>,
     /// The target's PID, for signals.
     pub target_pid: Option<u32>,
+    /// Which proxy the target is, for `signal = "stop"` (its own graceful stop).
+    pub target_kind: Option<crate::target::TargetKind>,
 }
 
 /// A running timeline.
@@ -185,18 +187,23 @@ fn apply(scenario: &Scenario, f: &FaultSpec, h: &Handles, undo: bool) -> String 
         return format!("{name} {mode}");
     }
     if let Some(sig) = &f.signal {
+        let s = match sig.as_str() {
+            "stop" => h.target_kind.map_or(Signal::SIGTERM, |k| k.graceful_stop()),
+            "QUIT" => Signal::SIGQUIT,
+            "INT" => Signal::SIGINT,
+            "HUP" => Signal::SIGHUP,
+            _ => Signal::SIGTERM,
+        };
         if !undo {
             if let Some(pid) = h.target_pid {
-                let s = match sig.as_str() {
-                    "QUIT" => Signal::SIGQUIT,
-                    "INT" => Signal::SIGINT,
-                    "HUP" => Signal::SIGHUP,
-                    _ => Signal::SIGTERM,
-                };
                 let _ = kill(Pid::from_raw(pid as i32), s);
             }
         }
-        return format!("SIG{sig} to target");
+        return if sig == "stop" {
+            format!("graceful stop ({s}) to target")
+        } else {
+            format!("{s} to target")
+        };
     }
     "no-op".into()
 }

@@ -1,4 +1,4 @@
-//! The seeds' faults against upkeep, at reduced rates and shortened timings: every row of
+//! The incidents' faults (docs/incidents.md) against upkeep, at reduced rates and shortened timings: every row of
 //! the anchor table must cost 0 errors.
 
 mod support;
@@ -165,7 +165,7 @@ async fn alternating_answers_never_drop_a_request() {
     assert!(metric(&up, "upkeep_dns_peer_set_changes_total").await >= 2.0);
 }
 
-/// The seed's worst case: two names (lines) for one host and a 2 s connection-refusal blip.
+/// The single-peer guard incident: two names (lines) for one host and a 2 s connection-refusal blip.
 /// nginx turned it into a 10.4 s outage; upkeep must turn it into latency.
 async fn rst_blip_costs_latency_not_errors(endpoints: usize) {
     let port = free_port();

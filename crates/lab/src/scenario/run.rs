@@ -36,7 +36,7 @@ pub struct RunOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// Backends, DNS or temp dir.
-    #[error("setting up {what}: {source}")]
+    #[error("setting up {what}")]
     Setup {
         /// Which part.
         what: String,
@@ -86,7 +86,14 @@ async fn start_backends(
 pub async fn run_one(scenario: &Scenario, kind: TargetKind, opts: &RunOptions) -> RunReport {
     match run_inner(scenario, kind, opts).await {
         Ok(r) => r,
-        Err(e) => RunReport::skipped(&scenario.name, kind.name(), format!("rig failed: {e}")),
+        Err(e) => {
+            let cause = std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
+            RunReport::skipped(
+                &scenario.name,
+                kind.name(),
+                format!("rig failed: {e}{cause}"),
+            )
+        }
     }
 }
 
@@ -125,14 +132,18 @@ async fn run_inner(
         dns: dns.as_ref().map(|d| d.local_addr()),
     };
     let prepared = target::prepare(kind, &opts.bins, scenario, &rig, dir.path());
-    let (label, config) = match prepared {
+    let (label, pattern, config) = match prepared {
         Prepared::Skip(reason) => {
             if let Some(d) = dns {
                 shutdown_dns(d).await;
             }
             return Ok(RunReport::skipped(&scenario.name, kind.name(), reason));
         }
-        Prepared::Ready { label, config } => (label, config),
+        Prepared::Ready {
+            label,
+            pattern,
+            config,
+        } => (label, pattern, config),
     };
     let running =
         match Running::start(kind, &opts.bins, label.clone(), &config, &rig, dir.path()).await {
@@ -143,6 +154,7 @@ async fn run_inner(
                 }
                 let mut r = RunReport::skipped(&scenario.name, kind.name(), e.to_string());
                 r.label = label;
+                r.pattern = pattern;
                 return Ok(r);
             }
         };
@@ -160,6 +172,7 @@ async fn run_inner(
         backends: backends.clone(),
         dns: dns.clone(),
         target_pid: running.pid(),
+        target_kind: Some(kind),
     };
     let timeline = Timeline::start(scenario, handles, t0);
     let prober = scenario.probes.clone().map(|p| Prober::start(rig.admin, p));
@@ -238,7 +251,10 @@ async fn run_inner(
         scenario: scenario.name.clone(),
         target: kind.name().into(),
         label,
+        pattern,
         healthy_path: scenario.healthy_path,
+        duration_s,
+        buckets: report::svg::buckets(&result.records, duration_s),
         requests: stats.requests,
         errors: stats.errors,
         errors_by_status: report::by_status(&result.records),

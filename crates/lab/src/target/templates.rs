@@ -55,8 +55,17 @@ pub(super) fn upkeep(scenario: &Scenario, rig: &Rig) -> Prepared {
             &endpoints(&scenario.upstream.optional, rig),
         );
     }
+    let mut pattern = if scenario.dns_servers().is_empty() {
+        "static endpoints".to_owned()
+    } else {
+        "DNS endpoints".to_owned()
+    };
+    if !scenario.upstream.optional.is_empty() {
+        pattern.push_str(", optional group");
+    }
     Prepared::Ready {
         label: "upkeep".into(),
+        pattern,
         config: c,
     }
 }
@@ -140,6 +149,11 @@ fn nginx_for_version(
     }
     let common = "      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_connect_timeout 1s;\n      proxy_read_timeout 2s;\n      proxy_next_upstream error timeout;";
     let mut label = format!("nginx {vtext}");
+    let mut pattern = if names.is_empty() {
+        "static upstream".to_owned()
+    } else {
+        "upstream resolve".to_owned()
+    };
     let pass;
     if names.is_empty() || has_resolve {
         let _ = writeln!(c, "  upstream be {{");
@@ -158,6 +172,7 @@ fn nginx_for_version(
     } else if let Some(fixed) = fixed_addrs(scenario, &names) {
         // Without `resolve`, nginx resolves a server name once, at start: do just that.
         label = format!("nginx {vtext} (names resolved once at start)");
+        pattern = "names resolved once at start".into();
         let _ = writeln!(c, "  upstream be {{");
         for (s, ip) in scenario.upstream.servers.iter().zip(&fixed) {
             let ip = rig.backend_ips.get(s).copied().or(*ip);
@@ -176,6 +191,7 @@ fn nginx_for_version(
         }
         // nginx < 1.27.3: the long-standing per-request resolve pattern, labelled as such.
         label = format!("nginx {vtext} (dynamic-resolve pattern)");
+        pattern = "per-request resolve (set $up)".into();
         pass = format!(
             "      set $up {};\n      proxy_pass http://$up:{};",
             names[0], rig.backend_port
@@ -186,7 +202,11 @@ fn nginx_for_version(
         "  server {{\n    listen {};\n    location / {{\n{pass}\n{common}\n    }}\n  }}\n}}",
         rig.listen
     );
-    Prepared::Ready { label, config: c }
+    Prepared::Ready {
+        label,
+        pattern,
+        config: c,
+    }
 }
 
 /// When every DNS name among the servers answers one fixed address and no fault touches it,
@@ -261,8 +281,14 @@ pub(super) fn haproxy(bin: &Path, scenario: &Scenario, rig: &Rig) -> Prepared {
             }
         }
     }
+    let pattern = if scenario.dns_servers().is_empty() {
+        "static servers"
+    } else {
+        "resolvers, default hold"
+    };
     Prepared::Ready {
         label: format!("haproxy {version}"),
+        pattern: pattern.into(),
         config: c,
     }
 }
@@ -314,7 +340,7 @@ mod tests {
 
     fn config(p: Prepared) -> (String, String) {
         match p {
-            Prepared::Ready { label, config } => (label, config),
+            Prepared::Ready { label, config, .. } => (label, config),
             other => panic!("expected a config, got {other:?}"),
         }
     }
