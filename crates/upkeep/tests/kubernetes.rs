@@ -279,3 +279,81 @@ fn the_configmap_config_passes_upkeep_check_and_fits_the_pod_spec() {
         );
     }
 }
+
+/// One GET with Connection: close over a plain socket; the body, once the status is 200.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.1 200")
+        .then(|| out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()))
+        .flatten()
+}
+
+#[test]
+fn upkeep_lab_kube_serves_endpointslices_and_takes_faults_over_its_control_address() {
+    use upkeep_test_support::free_port;
+    let api = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let control = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let child = Command::new(BIN)
+        .args([
+            "lab",
+            "kube",
+            "--listen",
+            &api.to_string(),
+            "--control",
+            &control.to_string(),
+        ])
+        .args(["--service", "apps/web=127.0.0.11:8080,127.0.0.12:8080"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(child);
+    let slices = "/apis/discovery.k8s.io/v1/namespaces/apps/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dweb";
+    let start = std::time::Instant::now();
+    let body = loop {
+        if let Some(b) = http_get(api, slices) {
+            break b;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "lab kube did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let eps = list["items"][0]["endpoints"].as_array().unwrap();
+    assert_eq!(eps.len(), 2);
+    assert_eq!(eps[0]["addresses"][0], "127.0.0.11");
+    assert_eq!(eps[0]["conditions"]["ready"], true);
+    http_get(control, "/terminate?service=apps/web&addrs=127.0.0.11:8080").unwrap();
+    let list: serde_json::Value = serde_json::from_str(&http_get(api, slices).unwrap()).unwrap();
+    let c = &list["items"][0]["endpoints"][0]["conditions"];
+    assert_eq!(
+        (
+            c["ready"].as_bool(),
+            c["serving"].as_bool(),
+            c["terminating"].as_bool()
+        ),
+        (Some(false), Some(true), Some(true))
+    );
+    http_get(control, "/fault?set=5xx").unwrap();
+    assert!(http_get(api, slices).is_none(), "5xx while the fault is on");
+    http_get(control, "/fault?set=none").unwrap();
+    assert!(http_get(api, slices).is_some());
+}
