@@ -173,7 +173,8 @@ fn the_configmap_config_passes_upkeep_check_and_fits_the_pod_spec() {
             "{k}: upkeep check: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let cfg: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // `check --print` writes the effective config back as TOML, every default filled in.
+        let cfg: serde_json::Value = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
 
         let deploy = kind(&objs, "Deployment")[0];
         let spec = deploy.path(&["spec", "template", "spec"]).unwrap();
@@ -223,7 +224,7 @@ fn the_configmap_config_passes_upkeep_check_and_fits_the_pod_spec() {
         let control: std::net::SocketAddr =
             cfg["admin"]["listen"].as_str().unwrap().parse().unwrap();
         assert!(control.ip().is_loopback(), "{k}: control stays on loopback");
-        let listen: std::net::SocketAddr = cfg["listeners"][0]["listen"]
+        let listen: std::net::SocketAddr = cfg["listener"][0]["listen"]
             .as_str()
             .unwrap()
             .parse()
@@ -267,7 +268,7 @@ fn the_configmap_config_passes_upkeep_check_and_fits_the_pod_spec() {
             "{k}: {pre_stop} + {drain} + {shutdown} must be under {grace}"
         );
         // Idle keep-alive above the common cloud load balancers' (GCP 600 s, NLB 350 s, ALB 60 s).
-        for l in cfg["listeners"].as_array().unwrap() {
+        for l in cfg["listener"].as_array().unwrap() {
             assert!(secs(&l["idle_timeout"]) > 600.0, "{k}: {l}");
         }
         // Rolling updates never lower capacity.
