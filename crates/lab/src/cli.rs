@@ -29,6 +29,8 @@ pub struct LabArgs {
 enum LabCommand {
     /// Authoritative fake DNS (UDP and TCP) with per-name modes, switchable over HTTP.
     Dns(DnsArgs),
+    /// Fake Kubernetes API server: EndpointSlice list and watch, faults switchable over HTTP.
+    Kube(KubeArgs),
     /// An HTTP/1.1 backend whose faults switch at run time over HTTP.
     Backend(BackendArgs),
     /// Open-loop constant-rate load (no coordinated omission).
@@ -48,6 +50,22 @@ struct DnsArgs {
     /// HTTP control address: /queries, /mode?name=&mode=&addrs=, /ttl?name=&ttl=.
     #[arg(long)]
     control: Option<SocketAddr>,
+}
+
+#[derive(Debug, clap::Args)]
+struct KubeArgs {
+    /// Address the API server listens on (plain HTTP: a kubeconfig `server: http://ADDR`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// HTTP control address: /endpoints, /terminate, /empty, /delete, /fault, /cut, /gone.
+    #[arg(long)]
+    control: Option<SocketAddr>,
+    /// A Service and its ready endpoints: `NAMESPACE/NAME=IP:PORT,IP:PORT` (repeat).
+    #[arg(long, value_name = "NS/NAME=ADDRS")]
+    service: Vec<String>,
+    /// Interval of BOOKMARK events on watches that allow them.
+    #[arg(long, value_parser = crate::duration::parse, default_value = "1s")]
+    bookmark_every: std::time::Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -174,6 +192,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     match args.command {
         LabCommand::Dns(a) => rt.block_on(dns(a)),
+        LabCommand::Kube(a) => rt.block_on(kube(a)),
         LabCommand::Backend(a) => rt.block_on(backend(a)),
         LabCommand::Load(a) => rt.block_on(load_cmd(a)),
         LabCommand::Run(a) => rt.block_on(run_cmd(a)),
@@ -264,6 +283,31 @@ async fn dns(a: DnsArgs) -> anyhow::Result<ExitCode> {
             }
         } => {}
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn kube(a: KubeArgs) -> anyhow::Result<ExitCode> {
+    let (kube, control) = crate::kube::start(a.listen, a.control, a.bookmark_every).await?;
+    for spec in &a.service {
+        let parsed = spec.split_once('=').and_then(|(svc, addrs)| {
+            let (ns, name) = svc.split_once('/')?;
+            let eps: Option<Vec<_>> = addrs
+                .split(',')
+                .filter(|x| !x.is_empty())
+                .map(|x| x.parse().ok().map(crate::kube::Endpoint::ready))
+                .collect();
+            Some((ns, name, eps?))
+        });
+        let Some((ns, name, eps)) = parsed else {
+            anyhow::bail!("--service {spec:?}: expected NAMESPACE/NAME=IP:PORT,IP:PORT");
+        };
+        kube.update(|s| s.set_endpoints(ns, name, "http", eps));
+    }
+    eprintln!("fake Kubernetes API server on http://{}", kube.local_addr());
+    if let Some(c) = control {
+        eprintln!("control on http://{c}/ (/endpoints, /terminate, /empty, /delete, /fault, /cut, /gone, /requests)");
+    }
+    wait_for_stop().await;
     Ok(ExitCode::SUCCESS)
 }
 

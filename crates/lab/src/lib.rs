@@ -8,6 +8,7 @@ pub mod cli;
 pub mod control;
 pub mod dns;
 pub mod duration;
+pub mod kube;
 pub mod load;
 pub mod report;
 pub mod scenario;

@@ -1,20 +1,44 @@
-//! The admin listener: probes that answer from memory (no I/O when asked, so a slow
-//! dependency cannot make a probe time out), metrics, the upstreams view, and reload.
+//! The admin listeners: probes that answer from memory (no I/O when asked, so a slow
+//! dependency cannot make a probe time out), metrics, the upstreams view, and reload. The
+//! control listener serves all of it; the optional probe listener serves only GET probes, so
+//! kubelet can reach a pod-IP port that cannot reload anything.
 
-use std::convert::Infallible;
+mod accept;
+mod token;
+
 use std::fmt::Write;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio_util::task::TaskTracker;
 
+use crate::config::AdminConfig;
 use crate::state::Shared;
+
+/// Re-reads and applies the config file; the error lists every problem.
+pub type Reload = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What an admin listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Probes, metrics, upstreams and reload.
+    Control,
+    /// GET probes only.
+    Probes,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Control => "control",
+            Role::Probes => "probes",
+        }
+    }
+}
 
 /// One named check of a probe.
 struct Check {
@@ -23,35 +47,90 @@ struct Check {
     note: String,
 }
 
-/// Serves the admin endpoints until the process exits.
+/// The admin listeners, bound and not yet serving.
+pub struct Bound {
+    control: TcpListener,
+    probes: Option<TcpListener>,
+    config: AdminConfig,
+}
+
+/// Binds the control listener and, when configured, the probe listener; on failure, the
+/// address that could not be bound.
+pub async fn bind(config: &AdminConfig) -> Result<Bound, (SocketAddr, std::io::Error)> {
+    let control = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| (config.listen, e))?;
+    let probes = match config.probes {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| (a, e))?),
+        None => None,
+    };
+    Ok(Bound {
+        control,
+        probes,
+        config: config.clone(),
+    })
+}
+
+impl Bound {
+    /// The bound control address.
+    pub fn control_addr(&self) -> std::io::Result<SocketAddr> {
+        self.control.local_addr()
+    }
+
+    /// The bound probe address, when there is a probe listener.
+    pub fn probes_addr(&self) -> Option<SocketAddr> {
+        self.probes.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves every admin listener until the returned task is aborted.
+    pub fn serve(self, shared: Arc<Shared>, reload: Reload) -> tokio::task::JoinHandle<()> {
+        let Bound {
+            control,
+            probes,
+            config,
+        } = self;
+        tokio::spawn(async move {
+            let limits = accept::Limits::from(&config);
+            let control = accept::serve(
+                control,
+                Role::Control,
+                limits,
+                shared.clone(),
+                reload.clone(),
+            );
+            match probes {
+                Some(p) => {
+                    let probes = accept::serve(p, Role::Probes, limits, shared, reload);
+                    tokio::join!(control, probes);
+                }
+                None => control.await,
+            }
+        })
+    }
+}
+
+/// Serves the admin endpoints on one control listener until the process exits.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     reload: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
 ) {
-    let tracker = TaskTracker::new();
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let (shared, reload) = (shared.clone(), reload.clone());
-        tracker.spawn(async move {
-            let svc = service_fn(move |req| {
-                let (shared, reload) = (shared.clone(), reload.clone());
-                async move { Ok::<_, Infallible>(route(req, &shared, &*reload)) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    let limits = accept::Limits::from(&shared.state.load().config.admin);
+    accept::serve(listener, Role::Control, limits, shared, reload).await
 }
 
 fn route(
     req: Request<Incoming>,
+    role: Role,
+    peer: SocketAddr,
     shared: &Shared,
     reload: &dyn Fn() -> Result<(), String>,
 ) -> Response<Full<Bytes>> {
+    if role == Role::Probes {
+        if let Some(refused) = probes_only(&req) {
+            return refused;
+        }
+    }
     let verbose = req.uri().query().is_some_and(|q| {
         q.split('&')
             .any(|p| p == "verbose" || p.starts_with("verbose="))
@@ -82,14 +161,19 @@ fn route(
             .unwrap_or_default();
             text(StatusCode::OK, body, "application/json")
         }
-        (&Method::POST, "/reload") => match reload() {
-            Ok(()) => text(StatusCode::OK, "reloaded\n".into(), "text/plain"),
-            Err(e) => text(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("reload refused, old config kept:\n{e}\n"),
-                "text/plain",
-            ),
-        },
+        (&Method::POST, "/reload") => {
+            if let Err(denied) = token::authorize(req.headers(), shared, peer) {
+                return denied.response();
+            }
+            match reload() {
+                Ok(()) => text(StatusCode::OK, "reloaded\n".into(), "text/plain"),
+                Err(e) => text(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("reload refused, old config kept:\n{e}\n"),
+                    "text/plain",
+                ),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
     }
 }
@@ -107,6 +191,30 @@ fn metrics<B>(req: &Request<B>, shared: &Shared) -> Response<Full<Bytes>> {
     r.headers_mut()
         .insert(http::header::VARY, http::HeaderValue::from_static("accept"));
     r
+}
+
+/// The probe listener: GET (and HEAD) on the three probe paths, nothing else.
+fn probes_only(req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the probe listener answers GET /livez, /readyz and /startupz only\n".into(),
+            "text/plain",
+        );
+        r.headers_mut().insert(
+            http::header::ALLOW,
+            http::HeaderValue::from_static("GET, HEAD"),
+        );
+        return Some(r);
+    }
+    match req.uri().path() {
+        "/livez" | "/readyz" | "/startupz" => None,
+        _ => Some(text(
+            StatusCode::NOT_FOUND,
+            "not found\n".into(),
+            "text/plain",
+        )),
+    }
 }
 
 fn readiness(shared: &Shared) -> Vec<Check> {

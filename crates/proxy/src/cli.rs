@@ -64,6 +64,9 @@ pub struct ReloadArgs {
     /// Admin address of the running upkeep.
     #[arg(long, default_value = "127.0.0.1:9901")]
     pub admin: SocketAddr,
+    /// File holding the bearer token (`[admin] token_file` of the running upkeep).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 fn init_tracing(level: &str, format: &str) {
@@ -117,6 +120,7 @@ pub fn quick_start(
             admin_cfg.listen
         ));
     }
+    admin_cfg.check_exposure()?;
     Ok(Config {
         admin: admin_cfg,
         dns: config::DnsConfig {
@@ -161,6 +165,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     if let (Some(a), Some(_)) = (args.admin, &args.config) {
         cfg.admin.listen = a;
+        cfg.admin.check_exposure().map_err(anyhow::Error::msg)?;
     }
     if let Some(dest) = &args.access_log {
         cfg.access_log = match dest.as_str() {
@@ -212,9 +217,17 @@ pub fn reload(args: ReloadArgs) -> anyhow::Result<ExitCode> {
     let mut s = std::net::TcpStream::connect_timeout(&args.admin, Duration::from_secs(3))
         .with_context(|| format!("connecting to the admin listener at {}", args.admin))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let auth = match &args.token_file {
+        Some(f) => {
+            let token = std::fs::read_to_string(f)
+                .with_context(|| format!("reading the token file {}", f.display()))?;
+            format!("Authorization: Bearer {}\r\n", token.trim())
+        }
+        None => String::new(),
+    };
     write!(
         s,
-        "POST /reload HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "POST /reload HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
         args.admin
     )?;
     let mut resp = String::new();

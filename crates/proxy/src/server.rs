@@ -50,8 +50,10 @@ pub enum Control {
 pub struct Running {
     /// Bound downstream addresses, in config order.
     pub listeners: Vec<SocketAddr>,
-    /// Bound admin address.
+    /// Bound admin (control) address.
     pub admin: SocketAddr,
+    /// Bound probe-only address, when `[admin] probes` is set.
+    pub probes: Option<SocketAddr>,
     /// Shared state.
     pub shared: Arc<Shared>,
     control: mpsc::UnboundedSender<Control>,
@@ -126,10 +128,10 @@ pub async fn start_workers(
     crate::boundary::install_panic_hook();
     let metrics = Metrics::new();
     let config = Arc::new(config);
-    let admin_listener = TcpListener::bind(config.admin.listen)
+    let admin_listener = crate::admin::bind(&config.admin)
         .await
-        .map_err(|source| StartError::Bind {
-            addr: config.admin.listen,
+        .map_err(|(addr, source)| StartError::Bind {
+            addr,
             what: "admin",
             source,
         })?;
@@ -150,8 +152,9 @@ pub async fn start_workers(
     let state = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
     shared.state.store(Arc::new(state));
 
+    let probes = admin_listener.probes_addr();
     let admin = admin_listener
-        .local_addr()
+        .control_addr()
         .map_err(|source| StartError::Bind {
             addr: config.admin.listen,
             what: "admin",
@@ -203,13 +206,9 @@ pub async fn start_workers(
     }
     shared.set_listeners_bound();
     let reload_shared = shared.clone();
-    let admin_task = tokio::spawn(crate::admin::serve(
-        admin_listener,
-        shared.clone(),
-        Arc::new(move || reload(&reload_shared)),
-    ));
+    let admin_task = admin_listener.serve(shared.clone(), Arc::new(move || reload(&reload_shared)));
     let monitor = tokio::spawn(degraded_monitor(shared.clone()));
-    tracing::info!(listeners = ?listeners, admin = %admin, "upkeep serving");
+    tracing::info!(listeners = ?listeners, admin = %admin, probes = ?probes, "upkeep serving");
 
     let (control, mut rx) = mpsc::unbounded_channel();
     let task_shared = shared.clone();
@@ -253,6 +252,7 @@ pub async fn start_workers(
     Ok(Running {
         listeners,
         admin,
+        probes,
         shared,
         control,
         task,

@@ -67,19 +67,60 @@ pub enum AccessLogFormat {
     Combined,
 }
 
-/// The admin listener.
+/// The admin listeners: control (probes, metrics, upstreams, reload) and, optionally, a
+/// probe-only one for kubelet.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AdminConfig {
-    /// Address to bind; loopback by default.
+    /// Control listener; loopback by default, since it can reload the proxy.
     pub listen: SocketAddr,
+    /// Probe-only listener (`/livez`, `/readyz`, `/startupz`, GET), when set.
+    pub probes: Option<SocketAddr>,
+    /// File holding the bearer token `POST /reload` requires; required off loopback.
+    pub token_file: Option<PathBuf>,
+    /// Time an admin client has to send a complete request head.
+    #[serde(with = "secs")]
+    pub header_read_timeout: Duration,
+    /// Open connections per admin listener; more are answered 503 and closed at once.
+    pub max_connections: usize,
 }
+
+/// Admin request-head timeout: kubelet and Prometheus send a head at once, so a client
+/// that has not within this long is holding a slot, not asking.
+pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Admin connections per listener: probes and scrapes need a handful, and a small bound
+/// keeps a flood on one admin listener from taking descriptors the other needs.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9901)),
+            probes: None,
+            token_file: None,
+            header_read_timeout: DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
         }
     }
+}
+
+impl AdminConfig {
+    /// Refuses a control listener reachable from other hosts without a reload token.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if is_loopback(self.listen.ip()) || self.token_file.is_some() {
+            return Ok(());
+        }
+        Err(format!(
+            "admin listen {} is not loopback, so anyone who reaches it could POST /reload: \
+             set [admin] token_file (a bearer token), or listen on 127.0.0.1 and give kubelet \
+             [admin] probes",
+            self.listen
+        ))
+    }
+}
+
+/// Loopback as the kernel routes it: all of 127.0.0.0/8 and ::1 (also IPv4-mapped).
+pub fn is_loopback(ip: std::net::IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 /// Name resolution settings.

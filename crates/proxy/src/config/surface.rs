@@ -26,7 +26,11 @@ pub(crate) struct File {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Admin {
-    pub listen: S<String>,
+    pub listen: Option<S<String>>,
+    pub probes: Option<S<String>>,
+    pub token_file: Option<S<String>>,
+    pub header_read_timeout: Option<S<String>>,
+    pub max_connections: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

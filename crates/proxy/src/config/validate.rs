@@ -9,6 +9,8 @@ use super::model::*;
 use super::surface::{self, S};
 use super::{parse_duration, ConfigError, Locator, Problem};
 
+mod admin;
+
 struct Ctx<'a> {
     loc: &'a Locator,
     problems: Vec<Problem>,
@@ -126,14 +128,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
         problems: Vec::new(),
     };
 
-    let admin = match &file.admin {
-        Some(a) => AdminConfig {
-            listen: cx
-                .socket_addr(&a.listen, "admin listen")
-                .unwrap_or(AdminConfig::default().listen),
-        },
-        None => AdminConfig::default(),
-    };
+    let admin = admin::admin(&mut cx, file.admin.as_ref());
 
     let mut dns = DnsConfig::default();
     if let Some(d) = &file.dns {
@@ -219,11 +214,25 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
         );
     }
     if admin.listen.port() != 0 && listeners.iter().any(|l| l.listen == admin.listen) {
-        let span = file.admin.as_ref().map_or(0..0, |a| a.listen.span());
+        let span = file
+            .admin
+            .as_ref()
+            .and_then(|a| a.listen.as_ref())
+            .map_or(0..0, |l| l.span());
         cx.err(
             span,
             format!("admin listen {} is also a listener", admin.listen),
         );
+    }
+    if let Some(p) = admin.probes {
+        if p.port() != 0 && listeners.iter().any(|l| l.listen == p) {
+            let span = file
+                .admin
+                .as_ref()
+                .and_then(|a| a.probes.as_ref())
+                .map_or(0..0, |l| l.span());
+            cx.err(span, format!("admin probes {p} is also a listener"));
+        }
     }
 
     let mut groups = BTreeMap::new();
