@@ -26,6 +26,8 @@ pub enum Cause {
     Overloaded,
     /// The downstream request was malformed (400).
     BadRequest,
+    /// The TLS handshake with the upstream failed (certificate, protocol).
+    UpstreamTls,
 }
 
 impl Cause {
@@ -40,6 +42,7 @@ impl Cause {
             Cause::RetryBudget => "retry_budget",
             Cause::Overloaded => "overloaded",
             Cause::BadRequest => "bad_request",
+            Cause::UpstreamTls => "upstream_tls",
         }
     }
 
@@ -49,7 +52,7 @@ impl Cause {
         match self {
             Cause::NoRoute => S::NOT_FOUND,
             Cause::NoPeers | Cause::RetryBudget | Cause::Overloaded => S::SERVICE_UNAVAILABLE,
-            Cause::ConnectFailed | Cause::UpstreamReset => S::BAD_GATEWAY,
+            Cause::ConnectFailed | Cause::UpstreamReset | Cause::UpstreamTls => S::BAD_GATEWAY,
             Cause::UpstreamTimeout => S::GATEWAY_TIMEOUT,
             Cause::BadRequest => S::BAD_REQUEST,
         }
@@ -93,6 +96,8 @@ pub(crate) enum Kind {
     Timeout,
     RetryBudget,
     BadRequest,
+    /// The TLS handshake failed; no request byte was sent.
+    Tls,
 }
 
 /// A classified proxy failure.
@@ -141,6 +146,7 @@ impl ProxyError {
             Kind::Timeout => Cause::UpstreamTimeout,
             Kind::RetryBudget => Cause::RetryBudget,
             Kind::BadRequest => Cause::BadRequest,
+            Kind::Tls => Cause::UpstreamTls,
         }
     }
 

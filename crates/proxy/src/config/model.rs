@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use super::upstream_tls::UpstreamTls;
+
 /// Downstream idle keep-alive timeout: longer than common load balancers' idle timeouts
 /// (AWS ALB 60 s, GCP 600 s), so the hop in front closes first and never races us.
 pub const DEFAULT_DOWNSTREAM_IDLE: Duration = Duration::from_secs(620);
@@ -266,6 +268,8 @@ pub struct GroupConfig {
     pub health: HealthConfig,
     /// Retries.
     pub retry: RetryConfig,
+    /// TLS to the group's `https://` endpoints; `None` for `http://`.
+    pub tls: Option<UpstreamTls>,
 }
 
 impl GroupConfig {
@@ -283,6 +287,7 @@ impl GroupConfig {
             discovery: DiscoveryConfig::default(),
             health: HealthConfig::default(),
             retry: RetryConfig::default(),
+            tls: None,
         }
     }
 }

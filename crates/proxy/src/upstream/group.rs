@@ -97,7 +97,14 @@ impl Group {
                 },
             })
             .collect();
-        let pool = Pool::new(cfg.pool.clone(), metrics.clone());
+        if cfg.tls.as_ref().is_some_and(|t| !t.verify) {
+            tracing::warn!(group = %name, "TLS certificate verification is OFF for this group (verify = false): anyone on the path can impersonate its upstreams");
+        }
+        let pool = Pool::with_tls(
+            cfg.pool.clone(),
+            cfg.tls.as_ref().map(|t| t.client.clone()),
+            metrics.clone(),
+        );
         let g = Arc::new(Self {
             name,
             cfg,
