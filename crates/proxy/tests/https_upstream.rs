@@ -437,3 +437,27 @@ fn tls_settings_compare_by_file_contents_for_reload() {
     ca.leaf(&dir, "client", "client.upkeep.test", true);
     assert_ne!(a.groups["app"], load().groups["app"]);
 }
+
+/// `upkeep check --print` writes https:// endpoints and the tls table back so that they parse
+/// to the same config.
+#[test]
+fn printed_config_keeps_https_endpoints_and_tls_settings() {
+    let dir = Dir::new("print");
+    pki(&dir);
+    let toml = config(
+        "127.0.0.1:1".parse().unwrap(),
+        &format!(
+            "server_name = \"{NAME}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"",
+            dir.path("ca.pem"),
+            dir.path("client.pem"),
+            dir.path("client.key")
+        ),
+        "",
+    );
+    let cfg = upkeep_proxy::config::parse(Path::new("t.toml"), &toml).unwrap();
+    let printed = upkeep_proxy::config::to_toml(&cfg).unwrap();
+    assert!(printed.contains("\"https://127.0.0.1:1\""), "{printed}");
+    let again = upkeep_proxy::config::parse(Path::new("/nonexistent/p.toml"), &printed)
+        .unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    assert_eq!(again, cfg, "{printed}");
+}

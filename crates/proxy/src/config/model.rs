@@ -237,6 +237,8 @@ pub struct Endpoint {
     pub source: EndpointSource,
     /// Priority tier; tier N+1 is used only when tier N has no usable peer.
     pub tier: u8,
+    /// Written `https://`: spoken to over TLS (the group's `tls` settings).
+    pub https: bool,
 }
 
 /// An upstream group.

@@ -15,16 +15,27 @@ pub struct UpstreamTls {
     /// Name sent as SNI and checked against the certificate.
     pub server_name: String,
     /// CA bundle to verify against; `None`: the system store.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_path")]
     pub ca: Option<PathBuf>,
     /// Client certificate chain for mTLS.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_path")]
     pub cert: Option<PathBuf>,
     /// Client private key for mTLS.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_path")]
     pub key: Option<PathBuf>,
     /// Certificate verification (off only on request, with a warning at start).
     pub verify: bool,
     /// The rustls client config built from the above.
     #[serde(skip)]
     pub client: ClientTls,
+}
+
+/// A path printed absolute (`upkeep check --print`).
+fn opt_path<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => super::print::path(p, s),
+        None => s.serialize_none(),
+    }
 }
 
 type Problems = Vec<(Range<usize>, String)>;

@@ -364,6 +364,7 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
                 let ep = Endpoint {
                     source,
                     tier: tier as u8,
+                    https,
                 };
                 if !seen.insert(ep.source.clone()) {
                     // Two lines for one host are harmless here (peers are keyed by address),

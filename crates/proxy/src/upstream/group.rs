@@ -516,6 +516,7 @@ mod tests {
             .map(|(a, t)| Endpoint {
                 source: EndpointSource::Static(a.parse().unwrap()),
                 tier: *t,
+                https: false,
             })
             .collect();
         let mut cfg = GroupConfig::with_endpoints(eps);
@@ -607,6 +608,7 @@ mod tests {
                 port: 80,
             },
             tier: 0,
+            https: false,
         }]);
         let g = Group::new("g".into(), cfg, Metrics::new());
         assert_eq!(g.pick(&[]).unwrap_err(), NoPeersReason::NeverResolved);
