@@ -100,7 +100,11 @@ pub fn quick_start(
     let mut endpoints = Vec::new();
     for t in to {
         let source = config::parse_endpoint(t).map_err(|e| format!("--to {e}"))?;
-        let ep = config::Endpoint { source, tier: 0 };
+        let ep = config::Endpoint {
+            source,
+            tier: 0,
+            https: false,
+        };
         if !endpoints.contains(&ep) {
             endpoints.push(ep);
         }

@@ -4,6 +4,7 @@ mod duration;
 mod model;
 mod print;
 mod surface;
+mod upstream_tls;
 mod validate;
 
 use std::fmt;

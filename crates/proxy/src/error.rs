@@ -33,6 +33,8 @@ pub enum Cause {
     /// upkeep itself failed while handling the request (500): a bug, caught at the request
     /// boundary and logged with its panic message.
     Internal,
+    /// The TLS handshake with the upstream failed (certificate, protocol).
+    UpstreamTls,
 }
 
 impl Cause {
@@ -50,6 +52,7 @@ impl Cause {
             Cause::HeaderTooLarge => "header_too_large",
             Cause::UriTooLong => "uri_too_long",
             Cause::Internal => "internal",
+            Cause::UpstreamTls => "upstream_tls",
         }
     }
 
@@ -59,7 +62,7 @@ impl Cause {
         match self {
             Cause::NoRoute => S::NOT_FOUND,
             Cause::NoPeers | Cause::RetryBudget | Cause::Overloaded => S::SERVICE_UNAVAILABLE,
-            Cause::ConnectFailed | Cause::UpstreamReset => S::BAD_GATEWAY,
+            Cause::ConnectFailed | Cause::UpstreamReset | Cause::UpstreamTls => S::BAD_GATEWAY,
             Cause::UpstreamTimeout => S::GATEWAY_TIMEOUT,
             Cause::BadRequest => S::BAD_REQUEST,
             Cause::HeaderTooLarge => S::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -114,6 +117,8 @@ pub(crate) enum Kind {
     Invalid(&'static str),
     /// A panic caught at the request boundary.
     Internal,
+    /// The TLS handshake failed; no request byte was sent.
+    Tls,
 }
 
 /// A classified proxy failure.
@@ -163,6 +168,7 @@ impl ProxyError {
             Kind::RetryBudget => Cause::RetryBudget,
             Kind::BadRequest | Kind::Invalid(_) => Cause::BadRequest,
             Kind::Internal => Cause::Internal,
+            Kind::Tls => Cause::UpstreamTls,
         }
     }
 

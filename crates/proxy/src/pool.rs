@@ -3,6 +3,7 @@
 //! it is being reused, and is tested before reuse, so upkeep closes first and never races a FIN.
 
 mod io;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,7 +22,8 @@ use crate::config::{PoolConfig, KEEPALIVE_HINT_MARGIN};
 use crate::metrics::Metrics;
 
 pub use io::Counters;
-use io::{Peeker, SharedIo};
+use io::{Peeker, SharedIo, Transport};
+use tls::ClientTls;
 
 /// Why a connect attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,9 @@ pub enum ConnectError {
     /// The peer refused or the network failed.
     #[error("connect failed: {0}")]
     Io(#[from] std::io::Error),
+    /// The TLS handshake failed (certificate, protocol, or the peer closed during it).
+    #[error("tls handshake failed: {0}")]
+    Tls(std::io::Error),
     /// The HTTP/1.1 handshake failed.
     #[error("handshake failed: {0}")]
     Handshake(#[from] hyper::Error),
@@ -105,6 +110,7 @@ const SHARDS: usize = 16;
 /// Pooled connections per peer address.
 pub struct Pool {
     cfg: PoolConfig,
+    tls: Option<ClientTls>,
     shards: [Mutex<IdleMap>; SHARDS],
     metrics: Arc<Metrics>,
 }
@@ -112,8 +118,14 @@ pub struct Pool {
 impl Pool {
     /// A pool with a background sweeper that closes expired idle connections.
     pub fn new(cfg: PoolConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::with_tls(cfg, None, metrics)
+    }
+
+    /// Like `new`; with `tls`, every connection does a TLS handshake after connecting.
+    pub fn with_tls(cfg: PoolConfig, tls: Option<ClientTls>, metrics: Arc<Metrics>) -> Arc<Self> {
         let pool = Arc::new(Self {
             cfg,
+            tls,
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             metrics,
         });
@@ -184,14 +196,25 @@ impl Pool {
         Some(conn)
     }
 
-    /// Opens a new connection to `peer`.
+    /// Opens a new connection to `peer` (TCP, then TLS for `https://` groups); `timeout`
+    /// bounds both handshakes together.
     pub async fn connect(&self, peer: SocketAddr, timeout: Duration) -> Result<Conn, ConnectError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(peer)).await {
+        let until = Instant::now() + timeout;
+        let stream = match tokio::time::timeout_at(until, TcpStream::connect(peer)).await {
             Err(_) => return Err(ConnectError::Timeout(timeout)),
             Ok(r) => r?,
         };
         stream.set_nodelay(true)?;
-        let (io, peeker, counters) = SharedIo::new(stream)?;
+        let peeker = Peeker::new(&stream)?;
+        let transport = match &self.tls {
+            None => Transport::Plain(stream),
+            Some(tls) => match tokio::time::timeout_at(until, tls.handshake(stream)).await {
+                Err(_) => return Err(ConnectError::Timeout(timeout)),
+                Ok(Err(e)) => return Err(ConnectError::Tls(e)),
+                Ok(Ok(s)) => Transport::Tls(Box::new(s)),
+            },
+        };
+        let (io, counters) = SharedIo::new(transport);
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {

@@ -515,7 +515,7 @@ async fn send_with_retries(
                     return Err(err);
                 }
                 retry_reason = Some(match err.kind() {
-                    Kind::Connect | Kind::ConnectTimeout => "connect_failed",
+                    Kind::Connect | Kind::ConnectTimeout | Kind::Tls => "connect_failed",
                     Kind::Timeout => "upstream_timeout",
                     _ => "upstream_reset",
                 });
@@ -557,11 +557,15 @@ async fn attempt(
                         ))
                     }
                     Err(e) => {
-                        return Err(ProxyError::new(Kind::Connect).with_source(e).on_peer(
+                        let kind = match e {
+                            ConnectError::Tls(_) => Kind::Tls,
+                            _ => Kind::Connect,
+                        };
+                        return Err(ProxyError::new(kind).with_source(e).on_peer(
                             peer.addr(),
                             false,
                             false,
-                        ))
+                        ));
                     }
                 }
             }

@@ -61,6 +61,14 @@ mod tests {
             ),
             (502, "connect_failed")
         );
+        let r = response(&ProxyError::new(Kind::Tls));
+        assert_eq!(
+            (
+                r.status().as_u16(),
+                r.headers()[CAUSE_HEADER].to_str().unwrap()
+            ),
+            (502, "upstream_tls")
+        );
         let r = response(&ProxyError::new(Kind::Timeout));
         assert_eq!(
             (

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use super::upstream_tls::UpstreamTls;
+
 /// Downstream idle keep-alive timeout: longer than common load balancers' idle timeouts
 /// (AWS ALB 60 s, GCP 600 s), so the hop in front closes first and never races us.
 pub const DEFAULT_DOWNSTREAM_IDLE: Duration = Duration::from_secs(620);
@@ -341,6 +343,8 @@ pub struct Endpoint {
     pub source: EndpointSource,
     /// Priority tier; tier N+1 is used only when tier N has no usable peer.
     pub tier: u8,
+    /// Written `https://`: spoken to over TLS (the group's `tls` settings).
+    pub https: bool,
 }
 
 /// An upstream group.
@@ -372,6 +376,8 @@ pub struct GroupConfig {
     pub health: HealthConfig,
     /// Retries.
     pub retry: RetryConfig,
+    /// TLS to the group's `https://` endpoints; `None` for `http://`.
+    pub tls: Option<UpstreamTls>,
 }
 
 impl GroupConfig {
@@ -389,6 +395,7 @@ impl GroupConfig {
             discovery: DiscoveryConfig::default(),
             health: HealthConfig::default(),
             retry: RetryConfig::default(),
+            tls: None,
         }
     }
 }

@@ -77,13 +77,19 @@ impl Serialize for EndpointSource {
 }
 
 impl Serialize for Endpoint {
-    /// `"host:port"` in tier 0, `{ addr = "host:port", tier = N }` otherwise.
+    /// `"host:port"` in tier 0, `{ addr = "host:port", tier = N }` otherwise; `https://`
+    /// in front for TLS endpoints.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let addr = if self.https {
+            format!("https://{}", self.source)
+        } else {
+            self.source.to_string()
+        };
         if self.tier == 0 {
-            return self.source.serialize(s);
+            return s.serialize_str(&addr);
         }
         let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("addr", &self.source)?;
+        m.serialize_entry("addr", &addr)?;
         m.serialize_entry("tier", &self.tier)?;
         m.end()
     }

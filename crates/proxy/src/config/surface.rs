@@ -91,6 +91,18 @@ pub(crate) struct Group {
     pub discovery: Option<Discovery>,
     pub health: Option<Health>,
     pub retry: Option<Retry>,
+    pub tls: Option<GroupTls>,
+}
+
+/// `[groups.X.tls]`: how upkeep speaks TLS to the group's `https://` endpoints.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupTls {
+    pub server_name: Option<S<String>>,
+    pub ca: Option<S<String>>,
+    pub cert: Option<S<String>>,
+    pub key: Option<S<String>>,
+    pub verify: Option<S<bool>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -68,17 +68,33 @@ impl Ctx<'_> {
 /// Parses an endpoint as written on the command line or in a file:
 /// `http://host:port`, `host:port`, `1.2.3.4:80`, `[::1]:8080`.
 pub fn parse_endpoint(text: &str) -> Result<EndpointSource, String> {
-    let rest = if let Some(r) = text.strip_prefix("http://") {
-        r
-    } else if text.starts_with("https://") {
-        return Err(format!(
-            "{text:?}: https upstreams are not supported yet; use http://"
-        ));
+    match parse_endpoint_scheme(text)? {
+        (source, false) => Ok(source),
+        (_, true) => Err(format!(
+            "{text:?}: https upstreams are set in a config file ([groups.NAME] endpoints)"
+        )),
+    }
+}
+
+/// Like [`parse_endpoint`], also accepting `https://host[:port]` (default port 443); the flag
+/// says whether the endpoint is spoken to over TLS.
+pub(super) fn parse_endpoint_scheme(text: &str) -> Result<(EndpointSource, bool), String> {
+    let (rest, https) = if let Some(r) = text.strip_prefix("http://") {
+        (r, false)
+    } else if let Some(r) = text.strip_prefix("https://") {
+        (r, true)
     } else if text.contains("://") {
-        return Err(format!("{text:?}: only http:// upstreams are supported"));
+        return Err(format!(
+            "{text:?}: only http:// and https:// upstreams are supported"
+        ));
     } else {
-        text
+        (text, false)
     };
+    let default_port = if https { 443 } else { 80 };
+    endpoint_source(text, rest, default_port).map(|s| (s, https))
+}
+
+fn endpoint_source(text: &str, rest: &str, default_port: u16) -> Result<EndpointSource, String> {
     let rest = rest.trim_end_matches('/');
     if rest.contains('/') {
         return Err(format!(
@@ -95,7 +111,7 @@ pub fn parse_endpoint(text: &str) -> Result<EndpointSource, String> {
                 .map_err(|_| format!("{text:?}: bad port {p:?}"))?;
             (h, port)
         }
-        None => (rest, 80),
+        None => (rest, default_port),
     };
     if let Ok(ip) = host
         .trim_matches(|c| c == '[' || c == ']')
@@ -345,6 +361,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
 fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<GroupConfig> {
     let mut endpoints = Vec::new();
     let mut seen = HashSet::new();
+    let mut schemes = Vec::new();
     for e in g.endpoints.get_ref() {
         let (text, tier) = match e.get_ref() {
             surface::Endpoint::Plain(s) => (s.as_str(), 0),
@@ -357,11 +374,13 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             );
             continue;
         }
-        match parse_endpoint(text) {
-            Ok(source) => {
+        match parse_endpoint_scheme(text) {
+            Ok((source, https)) => {
+                schemes.push((e.span(), https, source.clone()));
                 let ep = Endpoint {
                     source,
                     tier: tier as u8,
+                    https,
                 };
                 if !seen.insert(ep.source.clone()) {
                     // Two lines for one host are harmless here (peers are keyed by address),
@@ -387,6 +406,15 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
     }
     let mut m = GroupConfig::with_endpoints(endpoints);
     m.required = g.required.unwrap_or(true);
+    let base = cx.loc.base_dir();
+    match super::upstream_tls::validate(name, g.tls.as_ref(), &schemes, &base) {
+        Ok(tls) => m.tls = tls,
+        Err(problems) => {
+            for (span, msg) in problems {
+                cx.err(span, msg);
+            }
+        }
+    }
     if let Some(b) = &g.balance {
         m.balance = match b.get_ref().as_str() {
             "round_robin" => Balance::RoundRobin,
@@ -532,6 +560,17 @@ mod tests {
             }
         );
         assert!(parse_endpoint("https://x:1").is_err());
+        assert_eq!(
+            parse_endpoint_scheme("https://x.test").unwrap(),
+            (
+                EndpointSource::Name {
+                    host: "x.test".into(),
+                    port: 443
+                },
+                true
+            )
+        );
+        assert!(parse_endpoint("ftp://x:1").is_err());
         assert!(parse_endpoint("x:99999").is_err());
         assert!(parse_endpoint("bad host:1").is_err());
         assert!(parse_endpoint("http://x:1/path").is_err());

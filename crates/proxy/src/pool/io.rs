@@ -4,6 +4,9 @@
 //! hyper owns the `TcpStream` and reads it through tokio's own `poll_read`, which knows that
 //! a short read drained the socket and skips the read that would only say `EAGAIN`; the pool
 //! peeks through a duplicate of the descriptor made once per connection.
+//!
+//! Over TLS the counters count plaintext (request and response bytes, not records), and the
+//! peek sees the TCP socket under TLS: a close_notify or a FIN waiting there means discard.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -15,6 +18,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 /// Bytes moved on one upstream connection.
 #[derive(Default, Debug)]
@@ -25,28 +29,43 @@ pub struct Counters {
     pub read: AtomicU64,
 }
 
-/// The TCP stream hyper's connection task reads and writes, counting bytes.
+/// The stream hyper's connection task reads and writes, counting bytes.
 pub struct SharedIo {
-    stream: TcpStream,
+    stream: Transport,
     counters: Arc<Counters>,
+}
+
+/// Plain TCP or TLS over TCP.
+pub enum Transport {
+    /// `http://` endpoints.
+    Plain(TcpStream),
+    /// `https://` endpoints.
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
 /// The pool's handle on the same socket, for the liveness test; it never reads data.
 pub struct Peeker(socket2::Socket);
 
 impl SharedIo {
-    pub fn new(stream: TcpStream) -> io::Result<(Self, Peeker, Arc<Counters>)> {
-        // The duplicate shares the socket (and its non-blocking flag) with `stream`.
-        let peeker = Peeker(socket2::Socket::from(stream.as_fd().try_clone_to_owned()?));
+    pub fn new(stream: Transport) -> (Self, Arc<Counters>) {
         let counters = Arc::new(Counters::default());
-        Ok((
+        (
             Self {
                 stream,
                 counters: counters.clone(),
             },
-            peeker,
             counters,
-        ))
+        )
+    }
+}
+
+impl Peeker {
+    /// A handle on `stream`'s socket, made before any TLS layer is put on top of it.
+    pub fn new(stream: &TcpStream) -> io::Result<Self> {
+        // The duplicate shares the socket (and its non-blocking flag) with `stream`.
+        Ok(Peeker(socket2::Socket::from(
+            stream.as_fd().try_clone_to_owned()?,
+        )))
     }
 }
 
@@ -69,7 +88,10 @@ impl AsyncRead for SharedIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
+        ready!(match &mut self.stream {
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        })?;
         let n = buf.filled().len() - before;
         self.counters.read.fetch_add(n as u64, Ordering::Relaxed);
         Poll::Ready(Ok(()))
@@ -82,7 +104,10 @@ impl AsyncWrite for SharedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.stream).poll_write(cx, buf))?;
+        let n = ready!(match &mut self.stream {
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        })?;
         self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
         Poll::Ready(Ok(n))
     }
@@ -92,7 +117,10 @@ impl AsyncWrite for SharedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, bufs))?;
+        let n = ready!(match &mut self.stream {
+            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        })?;
         self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
         Poll::Ready(Ok(n))
     }
@@ -101,12 +129,20 @@ impl AsyncWrite for SharedIo {
         true
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.stream {
+            Transport::Plain(_) => Poll::Ready(Ok(())),
+            // rustls holds encrypted records until they are flushed to the socket.
+            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Write);
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = match &mut self.stream {
+            Transport::Plain(s) => socket2::SockRef::from(&*s).shutdown(std::net::Shutdown::Write),
+            // close_notify, then the TCP half-close.
+            Transport::Tls(s) => ready!(Pin::new(s).poll_shutdown(cx)),
+        };
         Poll::Ready(match r {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,

@@ -107,7 +107,14 @@ impl Group {
                 },
             })
             .collect();
-        let pool = Pool::new(cfg.pool.clone(), metrics.clone());
+        if cfg.tls.as_ref().is_some_and(|t| !t.verify) {
+            tracing::warn!(group = %name, "TLS certificate verification is OFF for this group (verify = false): anyone on the path can impersonate its upstreams");
+        }
+        let pool = Pool::with_tls(
+            cfg.pool.clone(),
+            cfg.tls.as_ref().map(|t| t.client.clone()),
+            metrics.clone(),
+        );
         let g = Arc::new(Self {
             name,
             cfg,
@@ -531,6 +538,7 @@ mod tests {
             .map(|(a, t)| Endpoint {
                 source: EndpointSource::Static(a.parse().unwrap()),
                 tier: *t,
+                https: false,
             })
             .collect();
         let mut cfg = GroupConfig::with_endpoints(eps);
@@ -649,6 +657,7 @@ mod tests {
                 port: 80,
             },
             tier: 0,
+            https: false,
         }]);
         let g = Group::new("g".into(), cfg, Metrics::new());
         assert_eq!(g.pick(&[]).unwrap_err(), NoPeersReason::NeverResolved);
