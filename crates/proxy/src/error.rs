@@ -26,6 +26,27 @@ pub enum Cause {
     Overloaded,
     /// The downstream request was malformed (400).
     BadRequest,
+    /// The client went silent inside its request body for `client_body_timeout` (408).
+    ClientTimeout,
+}
+
+/// Why a response body was cut after its head was sent (access log `cause`, metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cut {
+    /// The upstream sent nothing inside the body for `read_timeout`.
+    UpstreamReadTimeout,
+    /// The client accepted no byte of the response for `send_timeout`.
+    ClientSendTimeout,
+}
+
+impl Cut {
+    /// The cause code as written in the access log and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cut::UpstreamReadTimeout => "upstream_read_timeout",
+            Cut::ClientSendTimeout => "client_send_timeout",
+        }
+    }
 }
 
 impl Cause {
@@ -40,6 +61,7 @@ impl Cause {
             Cause::RetryBudget => "retry_budget",
             Cause::Overloaded => "overloaded",
             Cause::BadRequest => "bad_request",
+            Cause::ClientTimeout => "client_timeout",
         }
     }
 
@@ -52,6 +74,7 @@ impl Cause {
             Cause::ConnectFailed | Cause::UpstreamReset => S::BAD_GATEWAY,
             Cause::UpstreamTimeout => S::GATEWAY_TIMEOUT,
             Cause::BadRequest => S::BAD_REQUEST,
+            Cause::ClientTimeout => S::REQUEST_TIMEOUT,
         }
     }
 }
@@ -93,6 +116,10 @@ pub(crate) enum Kind {
     Timeout,
     RetryBudget,
     BadRequest,
+    /// The client's body went silent for `client_body_timeout`: the client's fault.
+    ClientTimeout,
+    /// The peer is at `max_connections_per_peer`: not a failure of the peer.
+    PeerFull,
 }
 
 /// A classified proxy failure.
@@ -141,6 +168,8 @@ impl ProxyError {
             Kind::Timeout => Cause::UpstreamTimeout,
             Kind::RetryBudget => Cause::RetryBudget,
             Kind::BadRequest => Cause::BadRequest,
+            Kind::ClientTimeout => Cause::ClientTimeout,
+            Kind::PeerFull => Cause::Overloaded,
         }
     }
 
@@ -149,6 +178,7 @@ impl ProxyError {
         match self.kind {
             Kind::NoPeers(r) => Some(r.as_str()),
             Kind::ConnectTimeout => Some("connect_timeout"),
+            Kind::PeerFull => Some("max_connections_per_peer"),
             _ => None,
         }
     }
@@ -156,6 +186,14 @@ impl ProxyError {
     /// The failure happened before the upstream could have seen any request byte.
     pub fn is_connect(&self) -> bool {
         matches!(self.kind, Kind::Connect | Kind::ConnectTimeout)
+    }
+
+    /// The failure is the client's or upkeep's own, never to be held against the peer.
+    pub fn is_peer_blameless(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::BadRequest | Kind::ClientTimeout | Kind::PeerFull
+        )
     }
 
     /// The failure happened on a connection taken from the pool.
