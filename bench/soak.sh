@@ -161,7 +161,7 @@ sample() {
 report_idle
 echo "bench: soak ${MINUTES} min at $RATE req/s through upkeep ($UPKEEP), faults cycling every 10 s"
 "$UPKEEP" lab load "http://127.0.0.1:$proxy_port/" --rate "$RATE" --duration "${total_s}s" \
-    --json >"$work/load.json" 2>"$work/load.stderr" &
+    --records "$work/records.jsonl" --json >"$work/load.json" 2>"$work/load.stderr" &
 load_pid=$!
 pids+=($load_pid)
 printf '\n%6s %10s %8s %10s   %s\n' t_s rss_mib fds conns "last fault"
@@ -186,4 +186,15 @@ sleep 6 # the last misbehaving clients are cut by the 5 s timeouts
 sample "$(($(date +%s) - start))" "end"
 echo
 echo "bench: load: requests $(json_field requests "$work/load.json"), errors $(json_field errors "$work/load.json"), p50 $(json_field p50_ms "$work/load.json") ms, p99 $(json_field p99_ms "$work/load.json") ms"
+# Errors by status or client error and upkeep's cause, with the fault running when they began.
+python3 - "$work/records.jsonl" <<'PY'
+import collections, json, sys
+by = collections.Counter()
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("error") is not None or (r.get("status") or 0) >= 500:
+        by[(r.get("status"), str(r.get("error")), r.get("cause"))] += 1
+for (status, error, cause), n in by.most_common():
+    print(f"bench: errors: {n} status={status} error={error} cause={cause}")
+PY
 curl -s "http://127.0.0.1:$admin_port/metrics" | grep -E '^upkeep_(timeouts_total|downstream_connections_refused_total|peer_ejections_total|retries_total)' | sed 's/^/bench: /'
