@@ -1,4 +1,4 @@
-//! Replays the config loader's fuzz corpus (`fuzz/seeds/config_load`) deterministically, with
+//! Replays the config loader's fuzz corpus (`fuzz/inputs/config_load`) deterministically, with
 //! every prefix and a spread of byte substitutions of each file, against the same invariants
 //! as the `config_load` fuzz target: never a panic, problems positioned inside the input.
 
@@ -8,7 +8,7 @@ mod config_check;
 use std::path::Path;
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/config_load");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/inputs/config_load");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
