@@ -1,14 +1,56 @@
 //! Request and response bodies: streamed frame by frame, never buffered whole.
 
+mod progress;
+
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
 
-use crate::error::BoxError;
+use crate::error::{BoxError, Cut};
 use crate::pool::Checkin;
+
+pub use progress::SendProgress;
+
+/// The client sent nothing inside its request body for `client_body_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent nothing inside its request body for {0:?} (client_body_timeout)")]
+pub struct ClientBodyTimeout(pub Duration);
+
+/// A silence timer: armed when a wait starts, disarmed by progress; one allocation per body.
+#[derive(Default)]
+struct Silence {
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl Silence {
+    /// Polls the timer for a wait that began now or earlier; ready once `limit` has passed.
+    fn poll_expired(&mut self, cx: &mut Context<'_>, limit: Duration) -> bool {
+        if !self.armed {
+            self.armed = true;
+            let at = Instant::now() + limit;
+            match &mut self.timer {
+                Some(t) => t.as_mut().reset(at),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        self.timer
+            .as_mut()
+            .is_some_and(|t| t.as_mut().poll(cx).is_ready())
+    }
+
+    fn progress(&mut self) {
+        self.armed = false;
+    }
+}
 
 /// The body sent upstream: empty, or the client's body with its first frame already read
 /// (so a malformed first chunk is refused before any upstream sees the request).
@@ -16,37 +58,79 @@ pub enum ReqBody {
     /// No body.
     Empty,
     /// The client's body.
-    Stream {
-        /// The frame read ahead, if any.
-        first: Option<Frame<Bytes>>,
-        /// The rest.
+    Stream(Box<StreamBody>),
+}
+
+/// The client's body on its way upstream, with its silence timer.
+pub struct StreamBody {
+    first: Option<Frame<Bytes>>,
+    rest: Incoming,
+    seen: Arc<AtomicU64>,
+    timeout: Duration,
+    silence: Silence,
+    progress: Arc<SendProgress>,
+}
+
+impl ReqBody {
+    /// The client's body: `first` already read, `seen` counts bytes passed on, and a silence
+    /// of `timeout` inside it fails the body with `ClientBodyTimeout`.
+    pub fn stream(
+        first: Frame<Bytes>,
         rest: Incoming,
-        /// Body bytes passed on so far (for the access log).
-        seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    },
+        seen: Arc<AtomicU64>,
+        timeout: Duration,
+    ) -> Self {
+        ReqBody::Stream(Box::new(StreamBody {
+            first: Some(first),
+            rest,
+            seen,
+            timeout,
+            silence: Silence::default(),
+            progress: Arc::new(SendProgress::new()),
+        }))
+    }
+
+    /// How the sending is going (`None` without a body).
+    pub fn progress(&self) -> Option<Arc<SendProgress>> {
+        match self {
+            ReqBody::Empty => None,
+            ReqBody::Stream(s) => Some(s.progress.clone()),
+        }
+    }
 }
 
 impl Body for ReqBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ReqBody::Empty => Poll::Ready(None),
-            ReqBody::Stream { first, rest, seen } => {
-                let frame = match first.take() {
+            ReqBody::Stream(s) => {
+                let frame = match s.first.take() {
                     Some(f) => Some(Ok(f)),
-                    None => ready!(Pin::new(rest).poll_frame(cx)),
+                    None => match Pin::new(&mut s.rest).poll_frame(cx) {
+                        Poll::Ready(f) => f.map(|r| r.map_err(BoxError::from)),
+                        Poll::Pending => {
+                            s.progress.waiting_for_client();
+                            if s.silence.poll_expired(cx, s.timeout) {
+                                return Poll::Ready(Some(Err(ClientBodyTimeout(s.timeout).into())));
+                            }
+                            return Poll::Pending;
+                        }
+                    },
                 };
+                s.silence.progress();
+                s.progress.handed_over();
                 if let Some(d) = frame
                     .as_ref()
                     .and_then(|f| f.as_ref().ok())
                     .and_then(|f| f.data_ref())
                 {
-                    seen.fetch_add(d.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    s.seen.fetch_add(d.len() as u64, Ordering::Relaxed);
                 }
                 Poll::Ready(frame)
             }
@@ -56,16 +140,17 @@ impl Body for ReqBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ReqBody::Empty => true,
-            ReqBody::Stream { first, rest, .. } => first.is_none() && rest.is_end_stream(),
+            ReqBody::Stream(s) => s.first.is_none() && s.rest.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ReqBody::Empty => SizeHint::with_exact(0),
-            ReqBody::Stream { first, rest, .. } => {
-                let h = rest.size_hint();
-                let n = first
+            ReqBody::Stream(s) => {
+                let h = s.rest.size_hint();
+                let n = s
+                    .first
                     .as_ref()
                     .and_then(|f| f.data_ref())
                     .map_or(0, |d| d.len() as u64);
@@ -81,10 +166,16 @@ impl Body for ReqBody {
     }
 }
 
-/// Called once when a response body ends or is dropped, with the bytes sent and whether it completed.
+/// The upstream sent nothing inside its response body for `read_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent nothing inside its response body for {0:?} (read_timeout)")]
+pub struct UpstreamReadTimeout(pub Duration);
+
+/// Called once when a response body ends or is dropped, with the bytes sent, whether it
+/// completed, and why upkeep cut it, if it did.
 pub trait OnDone: Send + 'static {
     /// The body is finished (or abandoned).
-    fn done(self: Box<Self>, bytes: u64, complete: bool);
+    fn done(self: Box<Self>, bytes: u64, complete: bool, cut: Option<Cut>);
 }
 
 /// The body sent downstream.
@@ -92,6 +183,7 @@ pub struct RespBody {
     inner: Inner,
     bytes: u64,
     complete: bool,
+    cut: Option<Cut>,
     on_done: Option<Box<dyn OnDone>>,
 }
 
@@ -100,6 +192,8 @@ enum Inner {
     Upstream {
         body: Incoming,
         checkin: Option<Checkin>,
+        read_timeout: Duration,
+        silence: Silence,
     },
 }
 
@@ -114,9 +208,19 @@ impl RespBody {
         Self::new(Inner::Full(None))
     }
 
-    /// An upstream body; at its end the connection goes back to the pool.
-    pub(crate) fn upstream(body: Incoming, checkin: Option<Checkin>) -> Self {
-        Self::new(Inner::Upstream { body, checkin })
+    /// An upstream body; at its end the connection goes back to the pool. A silence of
+    /// `read_timeout` inside it cuts it (and so the client's connection, as nginx does).
+    pub(crate) fn upstream(
+        body: Incoming,
+        checkin: Option<Checkin>,
+        read_timeout: Duration,
+    ) -> Self {
+        Self::new(Inner::Upstream {
+            body,
+            checkin,
+            read_timeout,
+            silence: Silence::default(),
+        })
     }
 
     fn new(inner: Inner) -> Self {
@@ -124,6 +228,7 @@ impl RespBody {
             inner,
             bytes: 0,
             complete: false,
+            cut: None,
             on_done: None,
         }
     }
@@ -143,7 +248,7 @@ impl Drop for RespBody {
             Inner::Upstream { body, .. } => body.is_end_stream(),
         };
         self.complete |= ended;
-        if let Inner::Upstream { body, checkin } = &mut self.inner {
+        if let Inner::Upstream { body, checkin, .. } = &mut self.inner {
             if body.is_end_stream() {
                 if let Some(c) = checkin.take() {
                     c.finish_later();
@@ -151,7 +256,7 @@ impl Drop for RespBody {
             }
         }
         if let Some(f) = self.on_done.take() {
-            f.done(self.bytes, self.complete);
+            f.done(self.bytes, self.complete, self.cut);
         }
     }
 }
@@ -167,8 +272,26 @@ impl Body for RespBody {
         let this = self.get_mut();
         let res = match &mut this.inner {
             Inner::Full(data) => data.take().map(|d| Ok(Frame::data(d))),
-            Inner::Upstream { body, checkin } => {
-                match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            Inner::Upstream {
+                body,
+                checkin,
+                read_timeout,
+                silence,
+            } => {
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                if polled.is_pending() {
+                    if silence.poll_expired(cx, *read_timeout) {
+                        // The upstream connection is dropped with the ticket, never reused.
+                        checkin.take();
+                        this.cut = Some(Cut::UpstreamReadTimeout);
+                        return Poll::Ready(Some(Err(Box::new(UpstreamReadTimeout(
+                            *read_timeout,
+                        )))));
+                    }
+                    return Poll::Pending;
+                }
+                silence.progress();
+                match ready!(polled) {
                     Some(Ok(f)) => Some(Ok(f)),
                     Some(Err(e)) => {
                         checkin.take();
@@ -199,7 +322,7 @@ impl Body for RespBody {
         match &self.inner {
             Inner::Full(d) => d.is_none(),
             // Polled to the end even when empty, so the connection returns to the pool.
-            Inner::Upstream { body, checkin } => checkin.is_none() && body.is_end_stream(),
+            Inner::Upstream { body, checkin, .. } => checkin.is_none() && body.is_end_stream(),
         }
     }
 

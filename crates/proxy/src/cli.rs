@@ -151,6 +151,9 @@ pub fn quick_start(
 /// Runs the proxy.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_tracing(&args.log_level, &args.log_format);
+    // Before the config is read: the default `max_connections` derives from this limit.
+    let nofile = crate::limits::raise_nofile();
+    tracing::debug!(nofile, "file-descriptor limit");
     let mut cfg = match &args.config {
         Some(path) => match config::load(path) {
             Ok(c) => c,
@@ -200,8 +203,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 /// Validates a config file.
 pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    match config::load(&args.file) {
-        Ok(cfg) => {
+    match config::load_with_warnings(&args.file) {
+        Ok((cfg, warnings)) => {
+            for w in &warnings {
+                eprintln!("{w} (warning)");
+            }
             if args.print {
                 print!("{}", config::to_toml(&cfg)?);
             }

@@ -1,5 +1,6 @@
 //! Configuration: TOML surface -> validation with file:line:column -> immutable model.
 
+mod collect;
 mod duration;
 mod model;
 mod print;
@@ -60,8 +61,17 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Reads and validates a config file.
+/// Reads and validates a config file; warnings (deprecated keys) are logged.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let (cfg, warnings) = load_with_warnings(path)?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(cfg)
+}
+
+/// Reads and validates a config file, returning the warnings beside the config.
+pub fn load_with_warnings(path: &Path) -> Result<(Config, Vec<Problem>), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         problems: vec![Problem {
             file: path.to_owned(),
@@ -70,24 +80,46 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             message: format!("cannot read config: {e}"),
         }],
     })?;
-    parse(path, &text)
+    parse_with_warnings(path, &text)
 }
 
 /// Validates config text; `path` names it in problems and anchors relative paths.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let (cfg, warnings) = parse_with_warnings(path, text)?;
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(cfg)
+}
+
+/// Like `parse`, returning the warnings (deprecated keys) beside the config.
+pub fn parse_with_warnings(path: &Path, text: &str) -> Result<(Config, Vec<Problem>), ConfigError> {
     let locate = Locator::new(path, text);
-    let surface: surface::File = toml::from_str(text).map_err(|e| {
-        let (line, column) = e.span().map(|s| locate.position(s.start)).unwrap_or((0, 0));
-        ConfigError {
-            problems: vec![Problem {
-                file: path.to_owned(),
-                line,
-                column,
-                message: e.message().trim().to_owned(),
-            }],
+    let (surface, found) = collect::surface(text);
+    let partial = !found.is_empty();
+    let mut cx = validate::Ctx {
+        loc: &locate,
+        partial,
+        problems: found
+            .into_iter()
+            .map(|p| locate.problem(p.span, p.message))
+            .collect(),
+        warnings: Vec::new(),
+    };
+    // What could be read is validated too, so one run reports every problem in the file.
+    let cfg = surface.and_then(|s| validate::validate(s, &mut cx));
+    match cfg {
+        Some(cfg) if cx.problems.is_empty() => Ok((cfg, cx.warnings)),
+        _ => {
+            let mut problems = cx.problems;
+            problems.sort_by_key(|p| (p.line, p.column));
+            problems.dedup();
+            if problems.is_empty() {
+                problems.push(locate.problem(0..0, "the file could not be read as a config"));
+            }
+            Err(ConfigError { problems })
         }
-    })?;
-    validate::validate(surface, &locate)
+    }
 }
 
 /// Maps byte offsets to line and column.

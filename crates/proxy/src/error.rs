@@ -35,6 +35,27 @@ pub enum Cause {
     Internal,
     /// The TLS handshake with the upstream failed (certificate, protocol).
     UpstreamTls,
+    /// The client went silent inside its request body for `client_body_timeout` (408).
+    ClientTimeout,
+}
+
+/// Why a response body was cut after its head was sent (access log `cause`, metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cut {
+    /// The upstream sent nothing inside the body for `read_timeout`.
+    UpstreamReadTimeout,
+    /// The client accepted no byte of the response for `send_timeout`.
+    ClientSendTimeout,
+}
+
+impl Cut {
+    /// The cause code as written in the access log and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cut::UpstreamReadTimeout => "upstream_read_timeout",
+            Cut::ClientSendTimeout => "client_send_timeout",
+        }
+    }
 }
 
 impl Cause {
@@ -53,6 +74,7 @@ impl Cause {
             Cause::UriTooLong => "uri_too_long",
             Cause::Internal => "internal",
             Cause::UpstreamTls => "upstream_tls",
+            Cause::ClientTimeout => "client_timeout",
         }
     }
 
@@ -68,6 +90,7 @@ impl Cause {
             Cause::HeaderTooLarge => S::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Cause::UriTooLong => S::URI_TOO_LONG,
             Cause::Internal => S::INTERNAL_SERVER_ERROR,
+            Cause::ClientTimeout => S::REQUEST_TIMEOUT,
         }
     }
 }
@@ -119,6 +142,10 @@ pub(crate) enum Kind {
     Internal,
     /// The TLS handshake failed; no request byte was sent.
     Tls,
+    /// The client's body went silent for `client_body_timeout`: the client's fault.
+    ClientTimeout,
+    /// The peer is at `max_connections_per_peer`: not a failure of the peer.
+    PeerFull,
 }
 
 /// A classified proxy failure.
@@ -169,6 +196,8 @@ impl ProxyError {
             Kind::BadRequest | Kind::Invalid(_) => Cause::BadRequest,
             Kind::Internal => Cause::Internal,
             Kind::Tls => Cause::UpstreamTls,
+            Kind::ClientTimeout => Cause::ClientTimeout,
+            Kind::PeerFull => Cause::Overloaded,
         }
     }
 
@@ -178,6 +207,7 @@ impl ProxyError {
             Kind::NoPeers(r) => Some(r.as_str()),
             Kind::ConnectTimeout => Some("connect_timeout"),
             Kind::Invalid(r) => Some(r),
+            Kind::PeerFull => Some("max_connections_per_peer"),
             _ => None,
         }
     }
@@ -185,6 +215,14 @@ impl ProxyError {
     /// The failure happened before the upstream could have seen any request byte.
     pub fn is_connect(&self) -> bool {
         matches!(self.kind, Kind::Connect | Kind::ConnectTimeout)
+    }
+
+    /// The failure is the client's or upkeep's own, never to be held against the peer.
+    pub fn is_peer_blameless(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::BadRequest | Kind::ClientTimeout | Kind::PeerFull
+        )
     }
 
     /// The failure happened on a connection taken from the pool.

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod headers;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod normalize;

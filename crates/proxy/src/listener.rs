@@ -2,13 +2,14 @@
 //! idle and header-read timeouts, graceful shutdown.
 
 mod framing;
+mod limit;
 mod tls;
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 pub use framing::{check_invariants as framing_invariants, Framer, Refused};
+pub use limit::ConnLimit;
 pub use tls::acceptor as tls_acceptor;
 
 use crate::config::ListenerConfig;
@@ -41,18 +43,28 @@ pub struct ConnActivity {
     changed: tokio::sync::Notify,
     /// Why the framing check refused a request on this connection (for its log line).
     refusal: std::sync::OnceLock<&'static str>,
+    /// The client accepted no response byte for `send_timeout` (for the access log).
+    send_timed_out: AtomicBool,
 }
 
 impl ConnActivity {
+    /// A new connection: the header read timeout runs from accept, so a socket that sends
+    /// nothing (or half a TLS handshake or HTTP/2 preface) is closed at that timeout.
     fn new() -> Self {
         Self {
             epoch: Instant::now(),
             last_ms: AtomicU64::new(0),
-            head_since_ms: AtomicU64::new(0),
+            head_since_ms: AtomicU64::new(1),
             in_flight: AtomicUsize::new(0),
             changed: tokio::sync::Notify::new(),
             refusal: std::sync::OnceLock::new(),
+            send_timed_out: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the connection was cut at `send_timeout`.
+    pub fn send_timed_out(&self) -> bool {
+        self.send_timed_out.load(Ordering::Relaxed)
     }
 
     fn now_ms(&self) -> u64 {
@@ -85,6 +97,11 @@ impl InFlight {
         a.in_flight.fetch_add(1, Ordering::Relaxed);
         Self(a)
     }
+
+    /// The connection's activity.
+    pub fn activity(&self) -> &ConnActivity {
+        &self.0
+    }
 }
 
 impl Drop for InFlight {
@@ -105,10 +122,20 @@ struct Guarded<IO> {
     scratch: Box<[u8]>,
     activity: Arc<ConnActivity>,
     refused: bool,
+    /// HTTP/2 preface bytes still to come; the header read timeout runs until they have.
+    preface_left: usize,
+    send: SendTimer,
 }
 
 impl<IO> Guarded<IO> {
-    fn new(io: IO, framer: Option<Framer>, prefix: &[u8], activity: Arc<ConnActivity>) -> Self {
+    fn new(
+        io: IO,
+        framer: Option<Framer>,
+        prefix: &[u8],
+        activity: Arc<ConnActivity>,
+        send_timeout: Duration,
+    ) -> Self {
+        let h2 = framer.is_none();
         let mut g = Self {
             io,
             framer,
@@ -116,6 +143,8 @@ impl<IO> Guarded<IO> {
             scratch: vec![0; 16 * 1024].into_boxed_slice(),
             activity,
             refused: false,
+            preface_left: if h2 { H2_PREFACE.len() } else { 0 },
+            send: SendTimer::new(send_timeout),
         };
         g.take_in(prefix.len(), Some(prefix));
         g
@@ -124,7 +153,15 @@ impl<IO> Guarded<IO> {
     fn take_in(&mut self, n: usize, from: Option<&[u8]>) {
         let data = from.unwrap_or(&self.scratch[..n]);
         match &mut self.framer {
-            None => self.out.extend_from_slice(data),
+            None => {
+                self.out.extend_from_slice(data);
+                if self.preface_left > 0 {
+                    self.preface_left = self.preface_left.saturating_sub(data.len());
+                    if self.preface_left == 0 {
+                        self.activity.set_head_in_progress(false);
+                    }
+                }
+            }
             Some(f) => {
                 if let Err(Refused(why)) = f.feed(data, &mut self.out) {
                     tracing::info!(reason = why, "refused a malformed request (400)");
@@ -169,6 +206,55 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
     }
 }
 
+/// `send_timeout`: a write the client does not accept for this long fails the connection
+/// (nginx's `send_timeout`, between two successive writes).
+struct SendTimer {
+    limit: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+}
+
+impl SendTimer {
+    fn new(limit: Duration) -> Self {
+        Self {
+            limit,
+            timer: None,
+            armed: false,
+        }
+    }
+
+    /// Passes a write's outcome through; a write pending for `limit` becomes an error.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<T>>,
+        activity: &ConnActivity,
+    ) -> Poll<io::Result<T>> {
+        if r.is_ready() {
+            self.armed = false;
+            return r;
+        }
+        if !self.armed {
+            self.armed = true;
+            let at = Instant::now() + self.limit;
+            match &mut self.timer {
+                Some(t) => t.as_mut().reset(at),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        match self.timer.as_mut().map(|t| t.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => {
+                activity.send_timed_out.store(true, Ordering::Relaxed);
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client accepted no response byte for send_timeout",
+                )))
+            }
+            _ => Poll::Pending,
+        }
+    }
+}
+
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -177,7 +263,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     ) -> Poll<io::Result<usize>> {
         // No activity stamp on writes: a response is written while its request is in
         // flight, when the idle clock does not run, and `InFlight` stamps its end.
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.send.check(cx, r, &this.activity)
     }
 
     fn poll_write_vectored(
@@ -185,7 +273,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.send.check(cx, r, &this.activity)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -193,7 +283,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_flush(cx);
+        this.send.check(cx, r, &this.activity)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -229,12 +321,24 @@ pub async fn accept_loop(
         },
         None => None,
     };
+    let limit = listener
+        .local_addr()
+        .map_or_else(|_| Arc::new(ConnLimit::default()), ConnLimit::of);
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, remote)) => {
                     let (cfg, shared, signals, tls) = (cfg.clone(), shared.clone(), signals.clone(), tls.clone());
+                    let Some(slot) = limit.try_open(cfg.max_connections) else {
+                        if let Some(r) = limit.try_refuse() {
+                            tracker.spawn(limit::refuse(stream, cfg, shared, tls, r));
+                        } else {
+                            shared.metrics.connections_refused.inc();
+                        }
+                        continue;
+                    };
                     tracker.spawn(async move {
+                        let _slot = slot;
                         // A guard: even a connection task that panics takes itself off the gauge.
                         let _open = crate::metrics::GaugeGuard::new(&shared.metrics.downstream_open);
                         serve(stream, remote, cfg, shared.clone(), signals, tls).await;
@@ -274,10 +378,18 @@ async fn serve(
     });
     match tls {
         Some(acceptor) => {
-            let Ok(Ok(tls_stream)) =
-                tokio::time::timeout(cfg.header_read_timeout, acceptor.accept(stream)).await
-            else {
-                return;
+            let tls_stream = match tokio::time::timeout(
+                cfg.header_read_timeout,
+                acceptor.accept(stream),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                Err(_) => {
+                    count_timeout(&ctx.shared, "header_read");
+                    return;
+                }
+                Ok(Err(_)) => return,
             };
             let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
             serve_proto(tls_stream, h2, &[], ctx, signals).await;
@@ -299,8 +411,14 @@ async fn serve(
                 }
                 io::Result::Ok(())
             };
-            match tokio::time::timeout(cfg.idle_timeout, sniff).await {
+            // The header read timeout runs from accept: a silent socket, or one that sends
+            // half a preface, is closed at it.
+            match tokio::time::timeout(cfg.header_read_timeout, sniff).await {
                 Ok(Ok(())) if !prefix.is_empty() => {}
+                Err(_) => {
+                    count_timeout(&ctx.shared, "header_read");
+                    return;
+                }
                 _ => return,
             }
             activity.touch();
@@ -346,13 +464,14 @@ where
     let cfg = ctx.listener.clone();
     let activity = ctx.activity.clone();
     let framer = (!h2).then(|| Framer::new(cfg.max_header_bytes));
-    let io = Guarded::new(io, framer, prefix, activity.clone());
+    let io = Guarded::new(io, framer, prefix, activity.clone(), cfg.send_timeout);
     let conn_ctx = ctx.clone();
     let svc = service_fn(move |req| handle(req, ctx.clone()));
     if h2 {
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(60)))
+            .max_header_list_size(cfg.max_header_bytes.min(u32::MAX as usize) as u32)
             .serve_connection(TokioIo::new(io), svc);
         drive(conn, &conn_ctx, &cfg, signals).await;
     } else {
@@ -367,6 +486,14 @@ where
     }
 }
 
+fn count_timeout(shared: &Shared, timeout: &'static str) {
+    shared
+        .metrics
+        .timeouts
+        .get_or_create(&crate::metrics::TimeoutLabel { timeout })
+        .inc();
+}
+
 /// Runs a connection with its timeouts: idle (no request in flight, nothing received) closes
 /// it gracefully; a request head not complete within the header read timeout drops it.
 async fn drive<C: GracefulConn>(
@@ -376,6 +503,7 @@ async fn drive<C: GracefulConn>(
     mut signals: Signals,
 ) {
     let activity = &*ctx.activity;
+    let shared = &*ctx.shared;
     tokio::pin!(conn);
     let mut closing = *signals.close_idle.borrow();
     if closing {
@@ -393,6 +521,9 @@ async fn drive<C: GracefulConn>(
                         crate::refused::record(&ctx.shared, ctx.remote, "HTTP/1.1", cause, reason);
                     }
                 }
+                if activity.send_timed_out() {
+                    count_timeout(shared, "send");
+                }
                 return;
             }
             _ = activity.changed.notified() => {}
@@ -407,7 +538,10 @@ async fn drive<C: GracefulConn>(
                             closing = true;
                             conn.as_mut().graceful();
                         }
-                        Some(Expired::HeadTimeout) => return,
+                        Some(Expired::HeadTimeout) => {
+                            count_timeout(shared, "header_read");
+                            return;
+                        }
                         _ => {}
                     }
                 }
@@ -438,7 +572,11 @@ fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {
 fn next_deadline(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Duration> {
     if a.in_flight.load(Ordering::Relaxed) > 0 {
         // Re-check after a while; the request's own timeouts bound it meanwhile.
-        return Some(cfg.header_read_timeout.min(cfg.idle_timeout));
+        return Some(
+            cfg.header_read_timeout
+                .min(cfg.idle_timeout)
+                .max(Duration::from_millis(10)),
+        );
     }
     let now = a.now_ms();
     let head = a.head_since_ms.load(Ordering::Relaxed);

@@ -51,6 +51,13 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// Which timeout fired.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabel {
+    /// `header_read`, `client_body`, `send` or `read`.
+    pub timeout: &'static str,
+}
+
 /// Group label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupLabel {
@@ -115,6 +122,10 @@ pub struct Metrics {
     pub degraded_alert: Family<GroupLabel, Gauge>,
     /// 1 while the process drains.
     pub draining: Gauge,
+    /// Connections and bodies cut by a timeout, by which one.
+    pub timeouts: Family<TimeoutLabel, Counter>,
+    /// Downstream connections refused over `max_connections`.
+    pub connections_refused: Counter,
     /// The series of `responses` and `pool_events` that nearly every request counts, looked
     /// up once (a clone shares the value) instead of hashing labels per request.
     hot: HotSeries,
@@ -177,6 +188,8 @@ impl Metrics {
             degraded: Family::default(),
             degraded_alert: Family::default(),
             draining: Gauge::default(),
+            timeouts: Family::default(),
+            connections_refused: Counter::default(),
             registry: Registry::default(),
             hot,
         };
@@ -266,6 +279,16 @@ impl Metrics {
             "build_info",
             "Always 1; the upkeep version is a label",
             m.build_info.clone(),
+        );
+        r.register(
+            "timeouts",
+            "Connections and bodies cut by a timeout (header_read, client_body, send, read)",
+            m.timeouts.clone(),
+        );
+        r.register(
+            "downstream_connections_refused",
+            "Downstream connections refused over max_connections (answered 503 overloaded or GOAWAY)",
+            m.connections_refused.clone(),
         );
         Arc::new(Metrics { registry: r, ..m })
     }

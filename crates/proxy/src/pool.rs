@@ -40,6 +40,30 @@ pub enum ConnectError {
     /// The HTTP/1.1 handshake failed.
     #[error("handshake failed: {0}")]
     Handshake(#[from] hyper::Error),
+    /// The peer already has `max_connections_per_peer` open connections.
+    #[error("peer is at max_connections_per_peer ({0})")]
+    Full(usize),
+}
+
+/// Open connections per peer, for `max_connections_per_peer`.
+type OpenCounts = Arc<Mutex<HashMap<SocketAddr, usize>>>;
+
+/// One open connection counted against its peer's limit until dropped.
+struct Slot {
+    counts: OpenCounts,
+    peer: SocketAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap();
+        if let Some(n) = counts.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
 }
 
 /// One upstream HTTP/1.1 connection.
@@ -50,6 +74,7 @@ pub struct Conn {
     peer: SocketAddr,
     created: Instant,
     reused: bool,
+    _slot: Option<Slot>,
 }
 
 impl Conn {
@@ -113,6 +138,7 @@ pub struct Pool {
     tls: Option<ClientTls>,
     shards: [Mutex<IdleMap>; SHARDS],
     metrics: Arc<Metrics>,
+    open: OpenCounts,
 }
 
 impl Pool {
@@ -128,6 +154,7 @@ impl Pool {
             tls,
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             metrics,
+            open: Arc::default(),
         });
         let weak = Arc::downgrade(&pool);
         tokio::spawn(sweep(weak));
@@ -196,9 +223,31 @@ impl Pool {
         Some(conn)
     }
 
+    /// Open connections (busy and idle) to `peer`, counted only under a per-peer limit.
+    pub fn open_count(&self, peer: SocketAddr) -> usize {
+        self.open.lock().unwrap().get(&peer).copied().unwrap_or(0)
+    }
+
+    fn reserve(&self, peer: SocketAddr) -> Result<Option<Slot>, ConnectError> {
+        let Some(max) = self.cfg.max_connections_per_peer else {
+            return Ok(None);
+        };
+        let mut counts = self.open.lock().unwrap();
+        let n = counts.entry(peer).or_insert(0);
+        if *n >= max {
+            return Err(ConnectError::Full(max));
+        }
+        *n += 1;
+        Ok(Some(Slot {
+            counts: self.open.clone(),
+            peer,
+        }))
+    }
+
     /// Opens a new connection to `peer` (TCP, then TLS for `https://` groups); `timeout`
     /// bounds both handshakes together.
     pub async fn connect(&self, peer: SocketAddr, timeout: Duration) -> Result<Conn, ConnectError> {
+        let slot = self.reserve(peer)?;
         let until = Instant::now() + timeout;
         let stream = match tokio::time::timeout_at(until, TcpStream::connect(peer)).await {
             Err(_) => return Err(ConnectError::Timeout(timeout)),
@@ -229,6 +278,7 @@ impl Pool {
             peer,
             created: Instant::now(),
             reused: false,
+            _slot: slot,
         })
     }
 

@@ -18,7 +18,7 @@ use crate::access_log::Record;
 use crate::body::{OnDone, ReqBody, RespBody};
 use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
-use crate::error::{Kind, NoPeersReason, ProxyError};
+use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
 use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
@@ -153,15 +153,32 @@ struct Done {
 }
 
 impl OnDone for Done {
-    fn done(self: Box<Self>, bytes: u64, complete: bool) {
+    fn done(self: Box<Self>, bytes: u64, complete: bool, cut: Option<Cut>) {
         let Done {
             shared,
             start,
             record,
             bytes_in,
-            ..
+            _in_flight,
         } = *self;
+        let cut = cut.or_else(|| {
+            _in_flight
+                .activity()
+                .send_timed_out()
+                .then_some(Cut::ClientSendTimeout)
+        });
+        // A send timeout is counted by its connection; a read timeout only here.
+        if cut == Some(Cut::UpstreamReadTimeout) {
+            shared
+                .metrics
+                .timeouts
+                .get_or_create(&crate::metrics::TimeoutLabel { timeout: "read" })
+                .inc();
+        }
         let Some(mut record) = record else { return };
+        if let Some(c) = cut {
+            record.cause = record.cause.or(Some(c.as_str()));
+        }
         record.duration_ms = millis(start.elapsed());
         record.bytes_out = bytes;
         record.bytes_in = bytes_in.load(Ordering::Relaxed);
@@ -387,17 +404,16 @@ async fn forward(
         None
     } else {
         let mut body = body;
-        match tokio::time::timeout(ctx.listener.body_timeout, body.frame()).await {
+        let timeout = ctx.listener.client_body_timeout;
+        match tokio::time::timeout(timeout, body.frame()).await {
             Err(_) => {
-                return Err(ProxyError::new(Kind::BadRequest).with_source("request body timed out"))
+                count_client_body_timeout(&ctx.shared.metrics);
+                return Err(ProxyError::new(Kind::ClientTimeout)
+                    .with_source(crate::body::ClientBodyTimeout(timeout)));
             }
             Ok(Some(Err(e))) => return Err(ProxyError::new(Kind::BadRequest).with_source(e)),
             Ok(None) => None,
-            Ok(Some(Ok(first))) => Some(ReqBody::Stream {
-                first: Some(first),
-                rest: body,
-                seen: bytes_in.clone(),
-            }),
+            Ok(Some(Ok(first))) => Some(ReqBody::stream(first, body, bytes_in.clone(), timeout)),
         }
     };
     let bodyless = body.is_none();
@@ -493,7 +509,7 @@ async fn send_with_retries(
                     Kind::ConnectTimeout => cfg.health.consecutive_failures,
                     _ => 1,
                 };
-                if matches!(err.kind(), Kind::BadRequest) {
+                if matches!(err.kind(), Kind::BadRequest | Kind::ClientTimeout) {
                     return Err(err);
                 }
                 if err.is_connect() {
@@ -502,7 +518,9 @@ async fn send_with_retries(
                     // It connected (or reused a connection): whatever failed, it is not down.
                     group.record_connected(peer.addr());
                 }
-                group.record_failure(&peer, weight);
+                if !err.is_peer_blameless() {
+                    group.record_failure(&peer, weight);
+                }
                 tried.push(peer.addr());
                 // Idempotent requests are also retried after a reset before the response head
                 // and after a per-try timeout (a stalled peer), as nginx's
@@ -515,6 +533,7 @@ async fn send_with_retries(
                     return Err(err);
                 }
                 retry_reason = Some(match err.kind() {
+                    Kind::PeerFull => "peer_full",
                     Kind::Connect | Kind::ConnectTimeout | Kind::Tls => "connect_failed",
                     Kind::Timeout => "upstream_timeout",
                     _ => "upstream_reset",
@@ -549,6 +568,13 @@ async fn attempt(
                     .min(deadline.saturating_duration_since(Instant::now()));
                 match pool.connect(peer.addr(), timeout).await {
                     Ok(c) => c,
+                    Err(ConnectError::Full(_)) => {
+                        return Err(ProxyError::new(Kind::PeerFull).on_peer(
+                            peer.addr(),
+                            false,
+                            false,
+                        ))
+                    }
                     Err(ConnectError::Timeout(_)) => {
                         return Err(ProxyError::new(Kind::ConnectTimeout).on_peer(
                             peer.addr(),
@@ -575,9 +601,9 @@ async fn attempt(
         };
         let reused = conn.is_reused();
         let (w0, r0) = (conn.written(), conn.read());
+        let progress = req.body().progress();
         let in_flight = peer.start_request();
-        let try_deadline = (Instant::now() + cfg.try_timeout).min(deadline);
-        let res = tokio::time::timeout_at(try_deadline, conn.sender.try_send_request(req)).await;
+        let res = send_timed(&mut conn, req, progress, cfg.try_timeout, deadline).await;
         drop(in_flight);
         match res {
             Err(_) => {
@@ -607,6 +633,15 @@ async fn attempt(
                     continue;
                 }
                 let e = e.into_error();
+                if e.is_user() && client_body_timed_out(&e) {
+                    // The client went silent inside its body: its fault, never the peer's.
+                    count_client_body_timeout(group.metrics());
+                    return Err(ProxyError::new(Kind::ClientTimeout).with_source(e).on_peer(
+                        peer.addr(),
+                        reused,
+                        written,
+                    ));
+                }
                 if e.is_user() {
                     // The client's body failed mid-stream (malformed chunk, client gone): the
                     // fault is downstream, and the peer did nothing wrong.
@@ -624,6 +659,67 @@ async fn attempt(
             }
         }
     }
+}
+
+/// Sends `req` on `conn` under the per-try timer. `try_timeout` counts from the moment the
+/// upstream side holds the request body (its last frame handed over), so a long upload at a
+/// steady rate never times out; time spent waiting for the client's body (bounded by
+/// `client_body_timeout`) is not counted against the deadline either.
+async fn send_timed(
+    conn: &mut crate::pool::Conn,
+    req: Request<ReqBody>,
+    progress: Option<Arc<crate::body::SendProgress>>,
+    try_timeout: Duration,
+    deadline: Instant,
+) -> Result<
+    Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>,
+    tokio::time::error::Elapsed,
+> {
+    let Some(progress) = progress else {
+        let due = (Instant::now() + try_timeout).min(deadline);
+        return tokio::time::timeout_at(due, conn.sender.try_send_request(req)).await;
+    };
+    progress.restart();
+    let send = conn.sender.try_send_request(req);
+    tokio::pin!(send);
+    loop {
+        // While the client is awaited no try timer runs; look again after a while.
+        let due = progress
+            .try_due(try_timeout)
+            .unwrap_or_else(|| Instant::now() + try_timeout)
+            .min(deadline + progress.client_waited());
+        match tokio::time::timeout_at(due, &mut send).await {
+            Ok(r) => return Ok(r),
+            Err(elapsed) => {
+                let now = Instant::now();
+                let expired = now >= deadline + progress.client_waited()
+                    || progress.try_due(try_timeout).is_some_and(|d| now >= d);
+                if expired {
+                    return Err(elapsed);
+                }
+            }
+        }
+    }
+}
+
+fn count_client_body_timeout(metrics: &crate::metrics::Metrics) {
+    metrics
+        .timeouts
+        .get_or_create(&crate::metrics::TimeoutLabel {
+            timeout: "client_body",
+        })
+        .inc();
+}
+
+fn client_body_timed_out(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<crate::body::ClientBodyTimeout>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn upstream_response(
@@ -645,5 +741,8 @@ fn upstream_response(
     };
     strip_hop_by_hop(&mut parts.headers);
     let checkin = Checkin::new(group.pool().clone(), conn, idle);
-    Response::from_parts(parts, RespBody::upstream(body, checkin))
+    Response::from_parts(
+        parts,
+        RespBody::upstream(body, checkin, group.config().read_timeout),
+    )
 }

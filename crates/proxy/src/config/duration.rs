@@ -9,7 +9,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     if text.is_empty() {
-        return Err("empty duration; write e.g. \"5s\" or \"250ms\"".into());
+        return Err("expected a duration like \"5s\" or \"250ms\", found an empty string".into());
+    }
+    if text.starts_with('-') {
+        return Err(format!(
+            "{text:?} is not a duration: it cannot be negative; write e.g. \"5s\""
+        ));
     }
     let mut total = Duration::ZERO;
     let mut rest = text;
@@ -18,11 +23,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_digit() && c != '.')
             .unwrap_or(rest.len());
         if digits == 0 {
-            return Err(format!("invalid duration {text:?}: expected a number"));
+            return Err(format!(
+                "{text:?} is not a duration: expected a number; write e.g. \"5s\" or \"250ms\""
+            ));
         }
         let number: f64 = rest[..digits]
             .parse()
-            .map_err(|_| format!("invalid duration {text:?}: bad number"))?;
+            .map_err(|_| format!("{text:?} is not a duration: bad number; write e.g. \"1.5s\""))?;
         rest = &rest[digits..];
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit())
@@ -36,17 +43,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "h" => number * 3600.0,
             "" => {
                 return Err(format!(
-                    "invalid duration {text:?}: missing unit (ms, s, m, h)"
+                    "{text:?} is not a duration: missing unit (ms, s, m, h); write e.g. \"{text}s\""
                 ))
             }
             other => {
                 return Err(format!(
-                    "invalid duration {text:?}: unknown unit {other:?} (ms, s, m, h)"
+                    "{text:?} is not a duration: unknown unit {other:?} (ms, s, m, h)"
                 ))
             }
         };
         if !seconds.is_finite() || seconds > 1e9 {
-            return Err(format!("invalid duration {text:?}: too large"));
+            return Err(format!("{text:?} is not a duration: too large"));
         }
         total += Duration::from_secs_f64(seconds);
     }
@@ -72,5 +79,6 @@ mod tests {
         assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("-5s").unwrap_err().contains("negative"));
     }
 }

@@ -8,14 +8,19 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use super::upstream_tls::UpstreamTls;
+use crate::limits::default_max_connections;
 
 /// Downstream idle keep-alive timeout: longer than common load balancers' idle timeouts
 /// (AWS ALB 60 s, GCP 600 s), so the hop in front closes first and never races us.
 pub const DEFAULT_DOWNSTREAM_IDLE: Duration = Duration::from_secs(620);
 /// Time a client has to send a complete request head (slowloris bound).
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time a client may leave a request body without sending bytes.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Time a client may leave a request body without sending bytes (nginx `client_body_timeout`).
+pub const DEFAULT_CLIENT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Time a client may go without accepting a byte of the response (nginx `send_timeout`).
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// Time an upstream may stay silent inside a response body (nginx `proxy_read_timeout`).
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest request head accepted; larger gets 431.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Upstream pool idle timeout: shorter than Node's 5 s keep-alive, the most common backend default.
@@ -187,14 +192,20 @@ pub struct ListenerConfig {
     /// Idle keep-alive timeout, announced as `Keep-Alive: timeout=N`.
     #[serde(with = "secs")]
     pub idle_timeout: Duration,
-    /// Time to receive a complete request head.
+    /// Time to receive a complete request head; on a new connection it also bounds the wait
+    /// for the first byte, the TLS handshake and the HTTP/2 preface.
     #[serde(with = "secs")]
     pub header_read_timeout: Duration,
-    /// Longest silence inside a request body.
+    /// Longest silence inside a request body (408 `client_timeout`).
     #[serde(with = "secs")]
-    pub body_timeout: Duration,
-    /// Largest request head.
+    pub client_body_timeout: Duration,
+    /// Longest time the client may go without accepting a byte of the response.
+    #[serde(with = "secs")]
+    pub send_timeout: Duration,
+    /// Largest request head (HTTP/1) or header list (HTTP/2).
     pub max_header_bytes: usize,
+    /// Most open connections; over it a new one gets 503 `overloaded` (HTTP/1) or a GOAWAY (h2).
+    pub max_connections: usize,
     /// Forwarding headers.
     pub forwarded: Forwarded,
     /// Clients whose forwarding headers are appended to; from anyone else they are replaced.
@@ -268,8 +279,10 @@ impl ListenerConfig {
             tls: None,
             idle_timeout: DEFAULT_DOWNSTREAM_IDLE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
+            client_body_timeout: DEFAULT_CLIENT_BODY_TIMEOUT,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_connections: default_max_connections(),
             forwarded: Forwarded::XForwarded,
             trusted_proxies: Vec::new(),
         }
@@ -359,9 +372,13 @@ pub struct GroupConfig {
     /// TCP connect timeout per attempt.
     #[serde(with = "secs")]
     pub connect_timeout: Duration,
-    /// Per-try timeout, from sending to response headers.
+    /// Per-try timeout, from the moment the request body has been sent to response headers.
     #[serde(with = "secs")]
     pub try_timeout: Duration,
+    /// Longest silence from the upstream inside a response body; the client's connection is
+    /// then closed (nginx `proxy_read_timeout`).
+    #[serde(with = "secs")]
+    pub read_timeout: Duration,
     /// Overall deadline for a request including retries, up to response headers.
     #[serde(with = "secs")]
     pub deadline: Duration,
@@ -389,6 +406,7 @@ impl GroupConfig {
             endpoints,
             connect_timeout: Duration::from_secs(1),
             try_timeout: Duration::from_secs(30),
+            read_timeout: DEFAULT_READ_TIMEOUT,
             deadline: Duration::from_secs(60),
             degraded_alert_after: Duration::from_secs(300),
             pool: PoolConfig::default(),
@@ -411,6 +429,8 @@ pub struct PoolConfig {
     /// A connection older than this is not reused.
     #[serde(with = "secs")]
     pub max_age: Duration,
+    /// Most open connections (busy and idle) per peer; a peer at the limit is skipped.
+    pub max_connections_per_peer: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -419,6 +439,7 @@ impl Default for PoolConfig {
             idle_timeout: DEFAULT_POOL_IDLE,
             max_idle_per_peer: 64,
             max_age: Duration::from_secs(300),
+            max_connections_per_peer: None,
         }
     }
 }

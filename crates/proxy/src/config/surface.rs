@@ -7,6 +7,32 @@ use toml::Spanned;
 
 pub(crate) type S<T> = Spanned<T>;
 
+/// A duration as written (`"5s"`); any other TOML type is refused in the config's own words.
+#[derive(Debug)]
+pub(crate) struct Dur(pub String);
+
+impl AsRef<str> for Dur {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Dur;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration like \"5s\" or \"250ms\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Dur, E> {
+                Ok(Dur(v.to_owned()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct File {
@@ -38,14 +64,14 @@ pub(crate) struct Admin {
 pub(crate) struct Dns {
     #[serde(default)]
     pub servers: Vec<S<String>>,
-    pub timeout: Option<S<String>>,
+    pub timeout: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Lifecycle {
-    pub drain_delay: Option<S<String>>,
-    pub shutdown_timeout: Option<S<String>>,
+    pub drain_delay: Option<S<Dur>>,
+    pub shutdown_timeout: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -53,10 +79,14 @@ pub(crate) struct Lifecycle {
 pub(crate) struct Listener {
     pub listen: S<String>,
     pub tls: Option<Tls>,
-    pub idle_timeout: Option<S<String>>,
-    pub header_read_timeout: Option<S<String>>,
-    pub body_timeout: Option<S<String>>,
+    pub idle_timeout: Option<S<Dur>>,
+    pub header_read_timeout: Option<S<Dur>>,
+    /// Deprecated alias of `client_body_timeout`.
+    pub body_timeout: Option<S<Dur>>,
+    pub client_body_timeout: Option<S<Dur>>,
+    pub send_timeout: Option<S<Dur>>,
     pub max_header_bytes: Option<S<i64>>,
+    pub max_connections: Option<S<i64>>,
     pub forwarded: Option<S<String>>,
     pub trusted_proxies: Option<Vec<S<String>>>,
 }
@@ -83,10 +113,11 @@ pub(crate) struct Group {
     pub required: Option<bool>,
     pub balance: Option<S<String>>,
     pub endpoints: S<Vec<S<Endpoint>>>,
-    pub connect_timeout: Option<S<String>>,
-    pub try_timeout: Option<S<String>>,
-    pub deadline: Option<S<String>>,
-    pub degraded_alert_after: Option<S<String>>,
+    pub connect_timeout: Option<S<Dur>>,
+    pub try_timeout: Option<S<Dur>>,
+    pub read_timeout: Option<S<Dur>>,
+    pub deadline: Option<S<Dur>>,
+    pub degraded_alert_after: Option<S<Dur>>,
     pub pool: Option<Pool>,
     pub discovery: Option<Discovery>,
     pub health: Option<Health>,
@@ -123,26 +154,27 @@ pub(crate) struct EndpointTable {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Pool {
-    pub idle_timeout: Option<S<String>>,
+    pub idle_timeout: Option<S<Dur>>,
     pub max_idle_per_peer: Option<S<i64>>,
-    pub max_age: Option<S<String>>,
+    pub max_age: Option<S<Dur>>,
+    pub max_connections_per_peer: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Discovery {
-    pub min_refresh: Option<S<String>>,
-    pub max_refresh: Option<S<String>>,
+    pub min_refresh: Option<S<Dur>>,
+    pub max_refresh: Option<S<Dur>>,
     pub stale_grace: Option<S<String>>,
-    pub error_backoff: Option<S<String>>,
+    pub error_backoff: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Health {
     pub consecutive_failures: Option<S<i64>>,
-    pub base_ejection: Option<S<String>>,
-    pub max_ejection: Option<S<String>>,
+    pub base_ejection: Option<S<Dur>>,
+    pub max_ejection: Option<S<Dur>>,
     pub min_healthy_percent: Option<S<i64>>,
     pub active: Option<Active>,
 }
@@ -151,8 +183,8 @@ pub(crate) struct Health {
 #[serde(deny_unknown_fields)]
 pub(crate) struct Active {
     pub path: Option<S<String>>,
-    pub interval: Option<S<String>>,
-    pub timeout: Option<S<String>>,
+    pub interval: Option<S<Dur>>,
+    pub timeout: Option<S<Dur>>,
     pub rise: Option<S<i64>>,
     pub fall: Option<S<i64>>,
 }
@@ -163,5 +195,5 @@ pub(crate) struct Retry {
     pub attempts: Option<S<i64>>,
     pub budget_percent: Option<S<i64>>,
     pub budget_min: Option<S<i64>>,
-    pub connect_retry_window: Option<S<String>>,
+    pub connect_retry_window: Option<S<Dur>>,
 }

@@ -7,13 +7,17 @@ use std::time::Duration;
 
 use super::model::*;
 use super::surface::{self, S};
-use super::{parse_duration, ConfigError, Locator, Problem};
+use super::{parse_duration, Locator, Problem};
 
 mod admin;
 
-struct Ctx<'a> {
-    loc: &'a Locator,
-    problems: Vec<Problem>,
+pub(super) struct Ctx<'a> {
+    pub(super) loc: &'a Locator,
+    pub(super) problems: Vec<Problem>,
+    /// Accepted but worth a change (deprecated keys); never refuse a config.
+    pub(super) warnings: Vec<Problem>,
+    /// Parts of the file could not be read: skip the checks that such holes would trip.
+    pub(super) partial: bool,
 }
 
 impl Ctx<'_> {
@@ -21,16 +25,63 @@ impl Ctx<'_> {
         self.problems.push(self.loc.problem(span, msg));
     }
 
-    fn duration(&mut self, value: &Option<S<String>>, default: Duration) -> Duration {
+    fn warn(&mut self, span: std::ops::Range<usize>, msg: impl Into<String>) {
+        self.warnings.push(self.loc.problem(span, msg));
+    }
+
+    /// A duration where zero means something (off, at once).
+    fn duration<T: AsRef<str>>(&mut self, value: &Option<S<T>>, default: Duration) -> Duration {
         match value {
             None => default,
-            Some(v) => match parse_duration(v.get_ref()) {
+            Some(v) => match parse_duration(v.get_ref().as_ref()) {
                 Ok(d) => d,
                 Err(e) => {
                     self.err(v.span(), e);
                     default
                 }
             },
+        }
+    }
+
+    /// A duration that must be more than zero: a zero wait would spin, panic or fail everything.
+    fn positive<T: AsRef<str>>(
+        &mut self,
+        value: &Option<S<T>>,
+        default: Duration,
+        what: &str,
+    ) -> Duration {
+        let d = self.duration(value, default);
+        match value {
+            Some(v) if d.is_zero() && parse_duration(v.get_ref().as_ref()).is_ok() => {
+                self.err(
+                    v.span(),
+                    format!(
+                        "{what} must be more than zero, e.g. \"{}\"",
+                        humantime_short(default)
+                    ),
+                );
+                default
+            }
+            _ => d,
+        }
+    }
+
+    /// Refuses `a > b` for two durations that must come in that order.
+    fn not_after(
+        &mut self,
+        span: Option<std::ops::Range<usize>>,
+        (a_name, a): (&str, Duration),
+        (b_name, b): (&str, Duration),
+    ) {
+        if a > b {
+            self.err(
+                span.unwrap_or(0..0),
+                format!(
+                    "{a_name} ({}) is longer than {b_name} ({}), which would always end it first",
+                    humantime_short(a),
+                    humantime_short(b)
+                ),
+            );
         }
     }
 
@@ -138,13 +189,24 @@ fn endpoint_source(text: &str, rest: &str, default_port: u16) -> Result<Endpoint
     })
 }
 
-pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, ConfigError> {
-    let mut cx = Ctx {
-        loc,
-        problems: Vec::new(),
-    };
+/// A duration written back the way a config file would.
+fn humantime_short(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
 
-    let admin = admin::admin(&mut cx, file.admin.as_ref());
+fn span_of<T>(v: &Option<S<T>>) -> Option<std::ops::Range<usize>> {
+    v.as_ref().map(|v| v.span())
+}
+
+/// Validates `file`, adding to the problems already in `cx` (those of the surface).
+pub(super) fn validate(file: surface::File, cx: &mut Ctx<'_>) -> Option<Config> {
+    let loc = cx.loc;
+
+    let admin = admin::admin(cx, file.admin.as_ref());
 
     let mut dns = DnsConfig::default();
     if let Some(d) = &file.dns {
@@ -153,7 +215,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
                 dns.servers.push(a);
             }
         }
-        dns.timeout = cx.duration(&d.timeout, dns.timeout);
+        dns.timeout = cx.positive(&d.timeout, dns.timeout, "dns timeout");
     }
 
     let mut lifecycle = Lifecycle::default();
@@ -176,15 +238,45 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
             );
         }
         let mut m = ListenerConfig::plain(addr);
-        m.idle_timeout = cx.duration(&l.idle_timeout, m.idle_timeout);
-        m.header_read_timeout = cx.duration(&l.header_read_timeout, m.header_read_timeout);
-        m.body_timeout = cx.duration(&l.body_timeout, m.body_timeout);
+        m.idle_timeout = cx.positive(&l.idle_timeout, m.idle_timeout, "idle_timeout");
+        m.header_read_timeout = cx.positive(
+            &l.header_read_timeout,
+            m.header_read_timeout,
+            "header_read_timeout",
+        );
+        if let Some(old) = &l.body_timeout {
+            if l.client_body_timeout.is_some() {
+                cx.err(
+                    old.span(),
+                    "body_timeout is the old name of client_body_timeout; give only one",
+                );
+            } else {
+                cx.warn(
+                    old.span(),
+                    "body_timeout is deprecated; write client_body_timeout (same meaning)",
+                );
+            }
+        }
+        let body = l.client_body_timeout.as_ref().or(l.body_timeout.as_ref());
+        m.client_body_timeout = cx.positive(
+            &body.map(|b| S::new(b.span(), b.get_ref().as_ref().to_owned())),
+            m.client_body_timeout,
+            "client_body_timeout",
+        );
+        m.send_timeout = cx.positive(&l.send_timeout, m.send_timeout, "send_timeout");
         m.max_header_bytes = cx.int(
             &l.max_header_bytes,
             m.max_header_bytes as u64,
             8192,
             1 << 20,
             "max_header_bytes",
+        ) as usize;
+        m.max_connections = cx.int(
+            &l.max_connections,
+            m.max_connections as u64,
+            1,
+            10_000_000,
+            "max_connections",
         ) as usize;
         if let Some(f) = &l.forwarded {
             m.forwarded = match f.get_ref().as_str() {
@@ -223,7 +315,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
         }
         listeners.push(m);
     }
-    if file.listener.is_empty() {
+    if file.listener.is_empty() && !cx.partial {
         cx.err(
             0..0,
             "no [[listener]]: add one, e.g. [[listener]] listen = \"127.0.0.1:8080\"",
@@ -253,7 +345,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
 
     let mut groups = BTreeMap::new();
     for (name, g) in &file.groups {
-        if let Some(m) = group(&mut cx, name, g) {
+        if let Some(m) = group(cx, name, g) {
             groups.insert(name.get_ref().clone(), m);
         }
     }
@@ -293,7 +385,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
                 "/".to_owned()
             }
         };
-        if !file.groups.keys().any(|k| k.get_ref() == r.group.get_ref()) {
+        if !cx.partial && !file.groups.keys().any(|k| k.get_ref() == r.group.get_ref()) {
             cx.err(
                 r.group.span(),
                 format!(
@@ -309,7 +401,7 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
             allow_encoded_separators: r.allow_encoded_separators.unwrap_or(false),
         });
     }
-    if file.route.is_empty() {
+    if file.route.is_empty() && !cx.partial {
         cx.err(
             0..0,
             "no [[route]]: add one, e.g. [[route]] group = \"app\"",
@@ -339,23 +431,16 @@ pub(super) fn validate(file: surface::File, loc: &Locator) -> Result<Config, Con
         },
     };
 
-    if cx.problems.is_empty() {
-        Ok(Config {
-            admin,
-            dns,
-            lifecycle,
-            listeners,
-            routes,
-            groups,
-            access_log,
-            access_log_format,
-        })
-    } else {
-        cx.problems.sort_by_key(|p| (p.line, p.column));
-        Err(ConfigError {
-            problems: cx.problems,
-        })
-    }
+    Some(Config {
+        admin,
+        dns,
+        lifecycle,
+        listeners,
+        routes,
+        groups,
+        access_log,
+        access_log_format,
+    })
 }
 
 fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<GroupConfig> {
@@ -428,9 +513,21 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             }
         };
     }
-    m.connect_timeout = cx.duration(&g.connect_timeout, m.connect_timeout);
-    m.try_timeout = cx.duration(&g.try_timeout, m.try_timeout);
-    m.deadline = cx.duration(&g.deadline, m.deadline);
+    m.connect_timeout = cx.positive(&g.connect_timeout, m.connect_timeout, "connect_timeout");
+    m.try_timeout = cx.positive(&g.try_timeout, m.try_timeout, "try_timeout");
+    m.read_timeout = cx.positive(&g.read_timeout, m.read_timeout, "read_timeout");
+    m.deadline = cx.positive(&g.deadline, m.deadline, "deadline");
+    let deadline_span = span_of(&g.deadline);
+    cx.not_after(
+        span_of(&g.try_timeout).or(deadline_span.clone()),
+        ("try_timeout", m.try_timeout),
+        ("deadline", m.deadline),
+    );
+    cx.not_after(
+        span_of(&g.connect_timeout).or(deadline_span.clone()),
+        ("connect_timeout", m.connect_timeout),
+        ("deadline", m.deadline),
+    );
     m.degraded_alert_after = cx.duration(&g.degraded_alert_after, m.degraded_alert_after);
     if let Some(p) = &g.pool {
         m.pool.idle_timeout = cx.duration(&p.idle_timeout, m.pool.idle_timeout);
@@ -442,10 +539,21 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             "max_idle_per_peer",
         ) as usize;
         m.pool.max_age = cx.duration(&p.max_age, m.pool.max_age);
+        m.pool.max_connections_per_peer = p.max_connections_per_peer.as_ref().map(|_| {
+            cx.int(
+                &p.max_connections_per_peer,
+                0,
+                1,
+                10_000_000,
+                "max_connections_per_peer",
+            ) as usize
+        });
     }
     if let Some(d) = &g.discovery {
-        m.discovery.min_refresh = cx.duration(&d.min_refresh, m.discovery.min_refresh);
-        m.discovery.max_refresh = cx.duration(&d.max_refresh, m.discovery.max_refresh);
+        m.discovery.min_refresh =
+            cx.positive(&d.min_refresh, m.discovery.min_refresh, "min_refresh");
+        m.discovery.max_refresh =
+            cx.positive(&d.max_refresh, m.discovery.max_refresh, "max_refresh");
         if let (Some(span), true) = (
             d.max_refresh
                 .as_ref()
@@ -455,7 +563,8 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
         ) {
             cx.err(span, "min_refresh must not exceed max_refresh");
         }
-        m.discovery.error_backoff = cx.duration(&d.error_backoff, m.discovery.error_backoff);
+        m.discovery.error_backoff =
+            cx.positive(&d.error_backoff, m.discovery.error_backoff, "error_backoff");
         if let Some(s) = &d.stale_grace {
             m.discovery.stale_grace = if s.get_ref() == "while_healthy" {
                 StaleGrace::WhileHealthy
@@ -481,8 +590,14 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             1000,
             "consecutive_failures",
         ) as u32;
-        m.health.base_ejection = cx.duration(&h.base_ejection, m.health.base_ejection);
-        m.health.max_ejection = cx.duration(&h.max_ejection, m.health.max_ejection);
+        m.health.base_ejection =
+            cx.positive(&h.base_ejection, m.health.base_ejection, "base_ejection");
+        m.health.max_ejection = cx.positive(&h.max_ejection, m.health.max_ejection, "max_ejection");
+        cx.not_after(
+            span_of(&h.base_ejection).or(span_of(&h.max_ejection)),
+            ("base_ejection", m.health.base_ejection),
+            ("max_ejection", m.health.max_ejection),
+        );
         m.health.min_healthy_percent = cx.int(
             &h.min_healthy_percent,
             m.health.min_healthy_percent.into(),
@@ -501,8 +616,8 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             };
             m.health.active = Some(ActiveCheck {
                 path,
-                interval: cx.duration(&a.interval, Duration::from_secs(1)),
-                timeout: cx.duration(&a.timeout, Duration::from_millis(500)),
+                interval: cx.positive(&a.interval, Duration::from_secs(1), "interval"),
+                timeout: cx.positive(&a.timeout, Duration::from_millis(500), "timeout"),
                 rise: cx.int(&a.rise, 1, 1, 100, "rise") as u32,
                 fall: cx.int(&a.fall, 2, 1, 100, "fall") as u32,
             });
@@ -526,6 +641,11 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
         ) as u32;
         m.retry.connect_retry_window =
             cx.duration(&r.connect_retry_window, m.retry.connect_retry_window);
+        cx.not_after(
+            span_of(&r.connect_retry_window),
+            ("connect_retry_window", m.retry.connect_retry_window),
+            ("deadline", m.deadline),
+        );
     }
     Some(m)
 }
@@ -614,5 +734,114 @@ connect_timeout = "1"
         assert_eq!(err.problems.len(), 1);
         assert_eq!(err.problems[0].line, 3, "{err}");
         assert!(err.problems[0].message.contains("listn"), "{err}");
+    }
+
+    const BASE: &str = "[[listener]]\nlisten = \"127.0.0.1:8080\"\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"127.0.0.1:9000\"]\n";
+
+    fn problems(text: &str) -> Vec<String> {
+        match super::super::parse(Path::new("t.toml"), text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn zero_durations_that_would_spin_or_panic_are_refused() {
+        let text = format!(
+            "{BASE}connect_timeout = \"0\"\n[groups.app.health.active]\ninterval = \"0\"\n"
+        )
+        .replace(
+            "listen = \"127.0.0.1:8080\"\n",
+            "listen = \"127.0.0.1:8080\"\nheader_read_timeout = \"0s\"\nsend_timeout = \"0ms\"\n",
+        );
+        let p = problems(&text);
+        assert_eq!(p.len(), 4, "{p:#?}");
+        for (key, line) in [
+            ("header_read_timeout", 3),
+            ("send_timeout", 4),
+            ("connect_timeout", 9),
+            ("interval", 11),
+        ] {
+            assert!(
+                p.iter().any(|m| m.starts_with(&format!("t.toml:{line}:"))
+                    && m.contains(&format!("{key} must be more than zero"))),
+                "{key}: {p:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn contradictory_timeouts_are_refused() {
+        let p = problems(&format!(
+            "{BASE}try_timeout = \"30s\"\ndeadline = \"10s\"\n[groups.app.retry]\nconnect_retry_window = \"20s\"\n"
+        ));
+        assert_eq!(p.len(), 2, "{p:#?}");
+        assert!(
+            p[0].contains("t.toml:7:15: try_timeout (30s) is longer than deadline (10s)"),
+            "{p:#?}"
+        );
+        assert!(
+            p[1].contains("connect_retry_window (20s) is longer than deadline (10s)"),
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn type_errors_do_not_hide_other_problems_and_speak_the_configs_words() {
+        let text = "[[listener]]\nlisten = \"127.0.0.1:8080\"\nmax_header_bytes = \"big\"\nlistn = 1\n\n[[route]]\ngroup = \"app\"\n\n[groups.app]\nrequired = \"yes\"\nendpoints = [\"127.0.0.1:9000\"]\ntry_timeout = 5\nconnect_timeout = \"fast\"\n";
+        let p = problems(text);
+        assert_eq!(p.len(), 5, "{p:#?}");
+        assert!(
+            p[0].starts_with("t.toml:3:20: expected a whole number, found string"),
+            "{p:#?}"
+        );
+        assert!(
+            p[1].starts_with("t.toml:4:1: unknown field `listn`"),
+            "{p:#?}"
+        );
+        assert!(
+            p[2].starts_with("t.toml:10:12: expected true or false"),
+            "{p:#?}"
+        );
+        assert!(
+            p[3].starts_with("t.toml:12:15: expected a duration like \"5s\""),
+            "{p:#?}"
+        );
+        assert!(
+            p[4].starts_with("t.toml:13:19: \"fast\" is not a duration"),
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn body_timeout_is_a_deprecated_alias_of_client_body_timeout() {
+        let text = BASE.replace(
+            "listen = \"127.0.0.1:8080\"\n",
+            "listen = \"127.0.0.1:8080\"\nbody_timeout = \"7s\"\n",
+        );
+        let (cfg, warnings) =
+            super::super::parse_with_warnings(Path::new("t.toml"), &text).unwrap();
+        assert_eq!(cfg.listeners[0].client_body_timeout, Duration::from_secs(7));
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0]
+                .to_string()
+                .starts_with("t.toml:3:16: body_timeout is deprecated"),
+            "{}",
+            warnings[0]
+        );
+        let both = text.replace("body_timeout", "client_body_timeout = \"1s\"\nbody_timeout");
+        assert_eq!(problems(&both).len(), 1, "{:#?}", problems(&both));
+    }
+
+    #[test]
+    fn defaults_follow_nginx() {
+        let cfg = super::super::parse(Path::new("t.toml"), BASE).unwrap();
+        let l = &cfg.listeners[0];
+        assert_eq!(l.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(l.client_body_timeout, Duration::from_secs(60));
+        assert_eq!(l.send_timeout, Duration::from_secs(60));
+        assert!(l.max_connections >= 64);
+        assert_eq!(cfg.groups["app"].read_timeout, Duration::from_secs(60));
     }
 }
