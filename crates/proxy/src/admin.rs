@@ -27,7 +27,7 @@ struct Check {
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
-    reload: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+    reload: Arc<dyn Fn() -> Result<String, String> + Send + Sync>,
 ) {
     let tracker = TaskTracker::new();
     loop {
@@ -50,7 +50,7 @@ pub async fn serve(
 fn route(
     req: Request<Incoming>,
     shared: &Shared,
-    reload: &dyn Fn() -> Result<(), String>,
+    reload: &dyn Fn() -> Result<String, String>,
 ) -> Response<Full<Bytes>> {
     let verbose = req.uri().query().is_some_and(|q| {
         q.split('&')
@@ -83,7 +83,7 @@ fn route(
             text(StatusCode::OK, body, "application/json")
         }
         (&Method::POST, "/reload") => match reload() {
-            Ok(()) => text(StatusCode::OK, "reloaded\n".into(), "text/plain"),
+            Ok(report) => text(StatusCode::OK, format!("reloaded\n{report}"), "text/plain"),
             Err(e) => text(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("reload refused, old config kept:\n{e}\n"),
