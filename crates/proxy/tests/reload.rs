@@ -207,3 +207,95 @@ async fn a_dns_change_reaches_a_group_whose_own_settings_did_not_change() {
     drop((one, two));
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+/// A self-signed certificate for `upkeep.test` written to `cert.pem` / `key.pem` in `dir`.
+fn write_cert(dir: &Path) -> (Vec<u8>, String) {
+    let c = rcgen::generate_simple_self_signed(vec!["upkeep.test".to_owned()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), c.cert.pem()).unwrap();
+    let key = c.signing_key.serialize_pem();
+    std::fs::write(dir.join("key.pem"), &key).unwrap();
+    (c.cert.der().to_vec(), key)
+}
+
+/// The certificate a new TLS handshake with `addr` is given.
+async fn served_cert(addr: SocketAddr, roots: &[Vec<u8>]) -> Vec<u8> {
+    use std::sync::Arc;
+    use tokio_rustls::rustls::{self, pki_types::CertificateDer, pki_types::ServerName};
+    let mut store = rustls::RootCertStore::empty();
+    for r in roots {
+        store.add(CertificateDer::from(r.clone())).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("upkeep.test").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_rereads_the_certificate_and_refuses_a_mismatched_pair() {
+    let a = TestBackend::start("a").await;
+    let path = temp_file("cert");
+    let dir = path.parent().unwrap().to_owned();
+    let (first, first_key) = write_cert(&dir);
+    let toml = format!(
+        "access_log = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\ntls = {{ cert = \"{0}/cert.pem\", key = \"{0}/key.pem\" }}\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"{1}\"]\n",
+        dir.display(),
+        a.addr()
+    );
+    let up = upkeep_from(&path, &toml).await;
+    let tls = up.listeners[0];
+    let (second, _) = write_cert(&dir);
+    let roots = [first.clone(), second.clone()];
+    assert_eq!(served_cert(tls, &roots).await, first, "before the reload");
+
+    let report = reload(&up.shared).expect("reload applies");
+    assert_eq!(report.listeners.certs_reloaded, vec![tls]);
+    assert_eq!(served_cert(tls, &roots).await, second, "after the reload");
+
+    // The first key with the second certificate: refused, the second pair keeps serving.
+    std::fs::write(dir.join("key.pem"), first_key).unwrap();
+    let err = reload(&up.shared).unwrap_err();
+    assert!(
+        err.contains(&format!("listener {}", "127.0.0.1:0")),
+        "{err}"
+    );
+    assert_eq!(served_cert(tls, &roots).await, second);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_binds_an_added_listener_and_closes_a_removed_one() {
+    let a = TestBackend::start("a").await;
+    let path = temp_file("listeners");
+    let extra = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let base = format!(
+        "access_log = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"{}\"]\n",
+        a.addr()
+    );
+    let with_extra = format!("{base}[[listener]]\nlisten = \"{extra}\"\nforwarded = \"none\"\n");
+    let up = upkeep_from(&path, &base).await;
+    assert!(tokio::net::TcpStream::connect(extra).await.is_err());
+
+    std::fs::write(&path, &with_extra).unwrap();
+    let report = reload(&up.shared).expect("reload applies");
+    assert_eq!(report.listeners.bound, vec![extra]);
+    assert_eq!(get(extra, "x", "/added").await.text(), "a /added\n");
+
+    std::fs::write(&path, &base).unwrap();
+    let report = reload(&up.shared).expect("reload applies");
+    assert_eq!(report.listeners.closed, vec![extra]);
+    wait_for("the removed listener to stop accepting", async || {
+        tokio::net::TcpStream::connect(extra).await.is_err()
+    })
+    .await;
+    assert_eq!(get(up.listeners[0], "x", "/kept").await.text(), "a /kept\n");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
