@@ -65,7 +65,8 @@ pub struct NameState {
 }
 
 impl NameState {
-    fn new(name: String) -> Self {
+    /// A name no lookup has answered yet.
+    pub fn new(name: String) -> Self {
         NameState {
             name,
             addrs: Arc::from(Vec::new()),
@@ -100,7 +101,22 @@ pub fn watch_name_with(
     stale: Arc<dyn StaleCheck>,
     observer: Arc<dyn Observer>,
 ) -> (watch::Receiver<NameState>, JoinHandle<()>) {
-    let mut initial = NameState::new(name.clone());
+    watch_name_seeded(source, NameState::new(name), policy, stale, observer)
+}
+
+/// [`watch_name_with`] starting from a known state instead of "never resolved": the
+/// addresses, negative-answer grace and history of a loop this one replaces (a config
+/// reload). The seed's addresses are last-known-good: failures keep them, a negative answer
+/// keeps them for the grace left, only records replace them.
+pub fn watch_name_seeded(
+    source: Arc<dyn Lookup>,
+    seed: NameState,
+    policy: Policy,
+    stale: Arc<dyn StaleCheck>,
+    observer: Arc<dyn Observer>,
+) -> (watch::Receiver<NameState>, JoinHandle<()>) {
+    let name = seed.name.clone();
+    let mut initial = seed;
     if let Some(ip) = ip_literal(&name) {
         // A literal needs no DNS and never changes.
         initial.addrs = Arc::from(vec![ip]);
@@ -116,6 +132,13 @@ pub fn watch_name_with(
         let task = tokio::spawn(async move { tx.closed().await });
         return (rx, task);
     }
+    // A seed already inside a negative-answer grace keeps the time it has used up.
+    let negative_since = initial.stale_since.map(|t| {
+        let used = SystemTime::now().duration_since(t).unwrap_or_default();
+        Instant::now()
+            .checked_sub(used)
+            .unwrap_or_else(Instant::now)
+    });
     let (tx, rx) = watch::channel(initial.clone());
     let mut looper = Looper {
         source,
@@ -124,7 +147,7 @@ pub fn watch_name_with(
         observer,
         state: initial,
         backoff: None,
-        negative_since: None,
+        negative_since,
     };
     let task = tokio::spawn(async move {
         loop {

@@ -20,7 +20,7 @@ use crate::config::AdminConfig;
 use crate::state::Shared;
 
 /// Re-reads and applies the config file; the error lists every problem.
-pub type Reload = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+pub type Reload = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// What an admin listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,7 +113,7 @@ impl Bound {
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
-    reload: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+    reload: Arc<dyn Fn() -> Result<String, String> + Send + Sync>,
 ) {
     let limits = accept::Limits::from(&shared.state.load().config.admin);
     accept::serve(listener, Role::Control, limits, shared, reload).await
@@ -124,7 +124,7 @@ fn route(
     role: Role,
     peer: SocketAddr,
     shared: &Shared,
-    reload: &dyn Fn() -> Result<(), String>,
+    reload: &dyn Fn() -> Result<String, String>,
 ) -> Response<Full<Bytes>> {
     if role == Role::Probes {
         if let Some(refused) = probes_only(&req) {
@@ -166,7 +166,7 @@ fn route(
                 return denied.response();
             }
             match reload() {
-                Ok(()) => text(StatusCode::OK, "reloaded\n".into(), "text/plain"),
+                Ok(report) => text(StatusCode::OK, format!("reloaded\n{report}"), "text/plain"),
                 Err(e) => text(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     format!("reload refused, old config kept:\n{e}\n"),

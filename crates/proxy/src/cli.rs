@@ -197,7 +197,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(crate::server::run(cfg, args.config.clone(), workers))?;
+    let pinned = args.access_log.is_some().then(|| cfg.access_log.clone());
+    rt.block_on(crate::server::run(
+        cfg,
+        args.config.clone(),
+        workers,
+        pinned,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 

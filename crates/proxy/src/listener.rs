@@ -302,25 +302,25 @@ pub struct Signals {
     pub close_idle: watch::Receiver<bool>,
 }
 
+/// A listener's settings and TLS acceptor as of the last reload: each new connection takes
+/// the current ones, an established connection keeps those it started with.
+pub struct Live {
+    /// Settings.
+    pub cfg: Arc<ListenerConfig>,
+    /// TLS acceptor (certificate and key read at start or at the last reload).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
 /// Accepts connections until told to stop; connections are tracked by `tracker`.
 pub async fn accept_loop(
     listener: TcpListener,
-    cfg: Arc<ListenerConfig>,
+    live: Arc<arc_swap::ArcSwap<Live>>,
     shared: Arc<Shared>,
     signals: Signals,
     tracker: TaskTracker,
 ) {
     let mut stop = signals.stop_accepting.clone();
-    let tls = match &cfg.tls {
-        Some(t) => match tls_acceptor(t) {
-            Ok(a) => Some(a),
-            Err(e) => {
-                tracing::error!(listener = %cfg.listen, error = %e, "TLS setup failed; listener not started");
-                return;
-            }
-        },
-        None => None,
-    };
+    let addr = live.load().cfg.listen;
     let limit = listener
         .local_addr()
         .map_or_else(|_| Arc::new(ConnLimit::default()), ConnLimit::of);
@@ -328,7 +328,8 @@ pub async fn accept_loop(
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, remote)) => {
-                    let (cfg, shared, signals, tls) = (cfg.clone(), shared.clone(), signals.clone(), tls.clone());
+                    let cur = live.load();
+                    let (cfg, shared, signals, tls) = (cur.cfg.clone(), shared.clone(), signals.clone(), cur.tls.clone());
                     let Some(slot) = limit.try_open(cfg.max_connections) else {
                         if let Some(r) = limit.try_refuse() {
                             tracker.spawn(limit::refuse(stream, cfg, shared, tls, r));
@@ -352,7 +353,7 @@ pub async fn accept_loop(
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
         }
     }
-    tracing::info!(listener = %cfg.listen, "stopped accepting");
+    tracing::info!(listener = %addr, "stopped accepting");
 }
 
 async fn serve(

@@ -126,6 +126,8 @@ pub struct Metrics {
     pub timeouts: Family<TimeoutLabel, Counter>,
     /// Downstream connections refused over `max_connections`.
     pub connections_refused: Counter,
+    /// Access-log lines dropped because the writer was too far behind.
+    pub access_log_dropped: Counter,
     /// The series of `responses` and `pool_events` that nearly every request counts, looked
     /// up once (a clone shares the value) instead of hashing labels per request.
     hot: HotSeries,
@@ -140,6 +142,11 @@ struct HotSeries {
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Arc<Self> {
+        Self::with_access_log_dropped(Counter::default())
+    }
+
+    /// Like `new`, exporting the access logger's own drop counter (the logger starts first).
+    pub fn with_access_log_dropped(access_log_dropped: Counter) -> Arc<Self> {
         let mut r = Registry::with_prefix("upkeep");
         let responses: Family<ResponseLabels, Counter> = Family::default();
         let pool_events: Family<EventLabel, Counter> = Family::default();
@@ -190,6 +197,7 @@ impl Metrics {
             draining: Gauge::default(),
             timeouts: Family::default(),
             connections_refused: Counter::default(),
+            access_log_dropped,
             registry: Registry::default(),
             hot,
         };
@@ -290,7 +298,23 @@ impl Metrics {
             "Downstream connections refused over max_connections (answered 503 overloaded or GOAWAY)",
             m.connections_refused.clone(),
         );
+        r.register(
+            "access_log_dropped",
+            "Access-log lines dropped because the writer was too far behind",
+            m.access_log_dropped.clone(),
+        );
         Arc::new(Metrics { registry: r, ..m })
+    }
+
+    /// Removes every series labelled with group `name` (a reload removed the group), so
+    /// `/metrics` never shows a group that no longer exists.
+    pub fn forget_group(&self, name: &str) {
+        let label = GroupLabel {
+            group: name.to_owned(),
+        };
+        self.panic_mode.remove(&label);
+        self.degraded.remove(&label);
+        self.degraded_alert.remove(&label);
     }
 
     /// The registry's families in the OpenMetrics text format, with its `# EOF`.

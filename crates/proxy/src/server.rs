@@ -5,16 +5,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::AccessLogger;
-use crate::config::{self, Config};
-use crate::listener::{accept_loop, Signals};
+use crate::config::{AccessLog, Config};
 use crate::metrics::{GroupLabel, Metrics};
 use crate::state::{Shared, State};
+
+mod bind;
+pub(crate) mod listeners;
+mod reload;
+
+pub use bind::BindError;
+pub use listeners::ListenerChanges;
+use listeners::Listeners;
+pub use reload::{reload, ReloadReport};
 
 /// Why upkeep could not start.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +36,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A downstream listener could not be started (`address in use: ADDR`, a certificate).
+    #[error("{0}")]
+    Listener(String),
     /// The state could not be built (e.g. no system resolver).
     #[error("{0}")]
     State(String),
@@ -42,6 +52,8 @@ pub enum StartError {
 pub enum Control {
     /// Re-read the config file.
     Reload,
+    /// Reopen the access log (logrotate moved it).
+    ReopenLog,
     /// Drain and exit.
     Terminate,
 }
@@ -72,27 +84,6 @@ impl Running {
     }
 }
 
-/// Re-reads the config file and applies it; on any problem the old config stays.
-pub fn reload(shared: &Shared) -> Result<(), String> {
-    let Some(path) = &shared.config_path else {
-        return Err("started from flags, there is no config file to reload".into());
-    };
-    let cfg = config::load(path).map_err(|e| e.to_string())?;
-    let cur = shared.state.load();
-    let old: Vec<_> = cur.config.listeners.iter().map(|l| l.listen).collect();
-    let new: Vec<_> = cfg.listeners.iter().map(|l| l.listen).collect();
-    if old != new {
-        tracing::warn!(
-            ?old,
-            ?new,
-            "listener addresses changed; they apply after a restart"
-        );
-    }
-    shared.apply(cfg)?;
-    tracing::info!(path = %path.display(), "config reloaded");
-    Ok(())
-}
-
 /// Binds every listener and starts serving with `workers` dedicated serving threads (see
 /// `start_workers`).
 pub async fn start(
@@ -118,7 +109,7 @@ pub async fn start_with(
 /// SO_REUSEPORT and each copy is served by its own thread running a single-threaded runtime
 /// (the kernel spreads connections; a request never hops threads, and each worker reuses
 /// only its own pooled connections). Discovery, checks and the admin listener stay on the
-/// current runtime.
+/// current runtime. An address another process listens on is refused (`address in use`).
 pub async fn start_workers(
     config: Config,
     config_path: Option<PathBuf>,
@@ -126,7 +117,7 @@ pub async fn start_workers(
     workers: usize,
 ) -> Result<Running, StartError> {
     crate::boundary::install_panic_hook();
-    let metrics = Metrics::new();
+    let metrics = Metrics::with_access_log_dropped(access_log.dropped_counter());
     let config = Arc::new(config);
     let admin_listener = crate::admin::bind(&config.admin)
         .await
@@ -135,21 +126,20 @@ pub async fn start_workers(
             what: "admin",
             source,
         })?;
-    let copies = workers.max(1);
-    let mut bound: Vec<(
-        Vec<std::net::TcpListener>,
-        Arc<crate::config::ListenerConfig>,
-    )> = Vec::new();
-    for l in &config.listeners {
-        let socks = bind_copies(l.listen, copies).map_err(|source| StartError::Bind {
-            addr: l.listen,
-            what: "listener",
-            source,
-        })?;
-        bound.push((socks, Arc::new(l.clone())));
+    let conns = TaskTracker::new();
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..workers {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        receivers.push(rx);
     }
+    let set = Arc::new(Listeners::new(workers.max(1), senders, conns.clone()));
+    let bound = set
+        .bind_all(&config.listeners)
+        .map_err(StartError::Listener)?;
     let shared = Shared::new(metrics, access_log, config_path, config.clone());
-    let state = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
+    let (state, _) = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
     shared.state.store(Arc::new(state));
 
     let probes = admin_listener.probes_addr();
@@ -160,53 +150,24 @@ pub async fn start_workers(
             what: "admin",
             source,
         })?;
-    let listeners: Vec<SocketAddr> = bound
-        .iter()
-        .filter_map(|(l, _)| l[0].local_addr().ok())
-        .collect();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (close_tx, close_rx) = watch::channel(false);
-    let signals = Signals {
-        stop_accepting: stop_rx,
-        close_idle: close_rx,
-    };
-    let tracker = TaskTracker::new();
-    let mut accept_done: Vec<tokio::sync::oneshot::Receiver<()>> = Vec::new();
-    if workers == 0 {
-        for (mut socks, cfg) in bound {
-            let tl = TcpListener::from_std(socks.remove(0)).map_err(|source| StartError::Bind {
-                addr: cfg.listen,
-                what: "listener",
-                source,
-            })?;
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            accept_done.push(rx);
-            let (shared, signals, tracker) = (shared.clone(), signals.clone(), tracker.clone());
-            tokio::spawn(async move {
-                accept_loop(tl, cfg, shared, signals, tracker).await;
-                let _ = tx.send(());
-            });
-        }
-    } else {
-        let mut per_worker: Vec<Vec<_>> = (0..workers).map(|_| Vec::new()).collect();
-        for (socks, cfg) in bound {
-            for (i, sock) in socks.into_iter().enumerate() {
-                per_worker[i].push((sock, cfg.clone()));
-            }
-        }
-        for (i, mine) in per_worker.into_iter().enumerate() {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            accept_done.push(rx);
-            let (shared, signals, tracker) = (shared.clone(), signals.clone(), tracker.clone());
-            std::thread::Builder::new()
-                .name(format!("upkeep-worker-{}", i + 1))
-                .spawn(move || serve_worker(i + 1, mine, shared, signals, tracker, tx))
-                .map_err(|e| StartError::State(format!("starting worker threads: {e}")))?;
-        }
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let (shared, conns) = (shared.clone(), conns.clone());
+        std::thread::Builder::new()
+            .name(format!("upkeep-worker-{}", i + 1))
+            .spawn(move || listeners::serve_worker(i + 1, rx, shared, conns))
+            .map_err(|e| StartError::State(format!("starting worker threads: {e}")))?;
     }
+    for (socks, live) in bound {
+        set.start(socks, live, &shared);
+    }
+    let listeners = set.local_addrs();
+    shared.set_listeners(set.clone());
     shared.set_listeners_bound();
     let reload_shared = shared.clone();
-    let admin_task = admin_listener.serve(shared.clone(), Arc::new(move || reload(&reload_shared)));
+    let admin_task = admin_listener.serve(
+        shared.clone(),
+        Arc::new(move || reload(&reload_shared).map(|r| r.to_string())),
+    );
     let monitor = tokio::spawn(degraded_monitor(shared.clone()));
     tracing::info!(listeners = ?listeners, admin = %admin, probes = ?probes, "upkeep serving");
 
@@ -223,6 +184,15 @@ pub async fn start_workers(
                         tracing::error!("reload refused; the running config stays");
                     }
                 }
+                Control::ReopenLog => {
+                    let dest = task_shared.state.load().config.access_log.clone();
+                    match task_shared.access_log.reopen(&dest) {
+                        Ok(()) => tracing::info!("access log reopened"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "access log could not be reopened; writing on to the old file")
+                        }
+                    }
+                }
                 Control::Terminate => break,
             }
         }
@@ -233,13 +203,9 @@ pub async fn start_workers(
             "draining: readiness fails, still serving"
         );
         tokio::time::sleep(lc.drain_delay).await;
-        let _ = stop_tx.send(true);
-        for done in accept_done {
-            let _ = done.await;
-        }
-        let _ = close_tx.send(true);
-        tracker.close();
-        if tokio::time::timeout(lc.shutdown_timeout, tracker.wait())
+        set.stop_all().await;
+        conns.close();
+        if tokio::time::timeout(lc.shutdown_timeout, conns.wait())
             .await
             .is_err()
         {
@@ -247,6 +213,14 @@ pub async fn start_workers(
         }
         admin_task.abort();
         monitor.abort();
+        // Every request has finished, so its line is queued: write them all before exiting.
+        let log = task_shared.access_log.clone();
+        let flushed = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(10)))
+            .await
+            .unwrap_or(false);
+        if !flushed {
+            tracing::warn!("access log: lines still queued at exit could not be written in 10 s");
+        }
         tracing::info!("shut down");
     });
     Ok(Running {
@@ -257,72 +231,6 @@ pub async fn start_workers(
         control,
         task,
     })
-}
-
-/// Binds `n` sockets to `addr` with SO_REUSEPORT (the first one picks the port when it is 0).
-fn bind_copies(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    use socket2::{Domain, Socket, Type};
-    let mut addr = addr;
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-        s.set_reuse_address(true)?;
-        if n > 1 {
-            s.set_reuse_port(true)?;
-        }
-        s.set_nonblocking(true)?;
-        s.bind(&addr.into())?;
-        s.listen(1024)?;
-        if i == 0 {
-            addr = s.local_addr()?.as_socket().unwrap_or(addr);
-        }
-        out.push(s.into());
-    }
-    Ok(out)
-}
-
-/// One serving worker: a single-threaded runtime that accepts and serves its copies of the
-/// listeners, and lives until every tracked connection has finished.
-fn serve_worker(
-    id: usize,
-    listeners: Vec<(std::net::TcpListener, Arc<crate::config::ListenerConfig>)>,
-    shared: Arc<Shared>,
-    signals: Signals,
-    tracker: TaskTracker,
-    done: tokio::sync::oneshot::Sender<()>,
-) {
-    crate::pool::set_worker(id);
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "worker runtime failed to start");
-            return;
-        }
-    };
-    rt.block_on(async move {
-        let mut loops = Vec::new();
-        for (sock, cfg) in listeners {
-            match TcpListener::from_std(sock) {
-                Ok(l) => loops.push(tokio::spawn(accept_loop(
-                    l,
-                    cfg,
-                    shared.clone(),
-                    signals.clone(),
-                    tracker.clone(),
-                ))),
-                Err(e) => tracing::error!(error = %e, "listener could not join the worker runtime"),
-            }
-        }
-        for l in loops {
-            let _ = l.await;
-        }
-        let _ = done.send(());
-        // Connections accepted here are driven by this runtime: keep it until they end.
-        tracker.wait().await;
-    });
 }
 
 /// Keeps the degraded gauges of optional groups fresh, and warns once a degradation has
@@ -358,22 +266,30 @@ async fn degraded_monitor(shared: Arc<Shared>) {
     }
 }
 
-/// Runs until SIGTERM/SIGINT (drain) with SIGHUP reloading.
+/// Runs until SIGTERM/SIGINT (drain), with SIGHUP reloading and SIGUSR1 reopening the
+/// access log. `pinned_access_log` (from the command line) wins over the file's, reloads
+/// included.
 pub async fn run(
     config: Config,
     config_path: Option<PathBuf>,
     workers: usize,
+    pinned_access_log: Option<AccessLog>,
 ) -> Result<(), StartError> {
     use tokio::signal::unix::{signal, SignalKind};
     let running = start(config, config_path, workers).await?;
+    if let Some(dest) = pinned_access_log {
+        running.shared.pin_access_log(dest);
+    }
     let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
     let mut hup = signal(SignalKind::hangup()).expect("installing SIGHUP handler");
+    let mut usr1 = signal(SignalKind::user_defined1()).expect("installing SIGUSR1 handler");
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => running.control(Control::Reload),
+            _ = usr1.recv() => running.control(Control::ReopenLog),
         }
     }
     tracing::info!("termination signal received");

@@ -4,14 +4,15 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 
 use crate::access_log::AccessLogger;
-use crate::config::{Config, DnsConfig};
+use crate::config::{AccessLog, Config, DnsConfig};
 use crate::metrics::Metrics;
 use crate::route::RouteTable;
+use crate::server::listeners::Listeners;
 use crate::upstream::{names, Group};
 
 /// One consistent view of the config; requests load it once and keep it to the end.
@@ -24,24 +25,61 @@ pub struct State {
     pub groups: HashMap<String, Arc<Group>>,
 }
 
+/// What a reload did to the groups, for its log line.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GroupChanges {
+    /// Unchanged: the same group object goes on.
+    pub kept: Vec<String>,
+    /// Settings changed: rebuilt from the old group's addresses, peers and pool.
+    pub rebuilt: Vec<String>,
+    /// New in this config.
+    pub added: Vec<String>,
+    /// Gone from this config.
+    pub removed: Vec<String>,
+}
+
 impl State {
-    /// Builds state for `config`, keeping every group of `prev` whose config is unchanged
-    /// (its peers, health and pool survive the reload).
+    /// Builds state for `config` from `prev`: a group whose settings (and DNS settings, for a
+    /// group of names) are unchanged is kept as it is; a changed one is carried over (see
+    /// `Group::carry_over`), so no reload ever empties a group.
     pub fn build(
         config: Arc<Config>,
         prev: Option<&State>,
         shared: &Shared,
-    ) -> Result<State, String> {
+    ) -> Result<(State, GroupChanges), String> {
         let resolver = shared.resolver(&config.dns)?;
+        let dns_same = prev.is_some_and(|p| p.config.dns == config.dns);
+        let mut changes = GroupChanges::default();
         let mut groups = HashMap::new();
         for (name, gcfg) in &config.groups {
-            let kept = prev
-                .and_then(|p| p.groups.get(name))
-                .filter(|g| g.config() == gcfg);
-            let group = match kept {
-                Some(g) => g.clone(),
-                None => {
-                    let g = Group::new(name.clone(), gcfg.clone(), shared.metrics.clone());
+            let old = prev.and_then(|p| p.groups.get(name));
+            let has_names = gcfg
+                .endpoints
+                .iter()
+                .any(|e| matches!(e.source, crate::config::EndpointSource::Name { .. }));
+            let group = match old {
+                Some(g) if g.config() == gcfg && (dns_same || !has_names) => {
+                    changes.kept.push(name.clone());
+                    g.clone()
+                }
+                _ => {
+                    let g = match old {
+                        Some(old) => {
+                            changes.rebuilt.push(name.clone());
+                            Group::carry_over(
+                                name.clone(),
+                                gcfg.clone(),
+                                shared.metrics.clone(),
+                                old,
+                            )
+                        }
+                        None => {
+                            if prev.is_some() {
+                                changes.added.push(name.clone());
+                            }
+                            Group::new(name.clone(), gcfg.clone(), shared.metrics.clone())
+                        }
+                    };
                     names::start(&g, resolver.clone(), shared.metrics.clone());
                     crate::upstream::active::start(&g);
                     g
@@ -49,11 +87,23 @@ impl State {
             };
             groups.insert(name.clone(), group);
         }
-        Ok(State {
-            routes: RouteTable::new(&config.routes),
-            config,
-            groups,
-        })
+        if let Some(p) = prev {
+            changes.removed = p
+                .groups
+                .keys()
+                .filter(|n| !groups.contains_key(*n))
+                .cloned()
+                .collect();
+            changes.removed.sort();
+        }
+        Ok((
+            State {
+                routes: RouteTable::new(&config.routes),
+                config,
+                groups,
+            },
+            changes,
+        ))
     }
 }
 
@@ -70,6 +120,9 @@ pub struct Shared {
     draining: AtomicBool,
     listeners_bound: AtomicBool,
     resolver: std::sync::Mutex<Option<(DnsConfig, Arc<upkeep_discovery::Resolver>)>>,
+    listeners: OnceLock<Arc<Listeners>>,
+    /// An access log given on the command line: it wins over the file's, reloads included.
+    pinned_access_log: std::sync::Mutex<Option<AccessLog>>,
 }
 
 impl Shared {
@@ -93,6 +146,8 @@ impl Shared {
             draining: AtomicBool::new(false),
             listeners_bound: AtomicBool::new(false),
             resolver: std::sync::Mutex::new(None),
+            listeners: OnceLock::new(),
+            pinned_access_log: std::sync::Mutex::new(None),
         })
     }
 
@@ -119,6 +174,25 @@ impl Shared {
         Ok(r)
     }
 
+    /// The downstream listeners, once started.
+    pub(crate) fn listeners(&self) -> Option<&Arc<Listeners>> {
+        self.listeners.get()
+    }
+
+    pub(crate) fn set_listeners(&self, l: Arc<Listeners>) {
+        let _ = self.listeners.set(l);
+    }
+
+    /// Keeps `dest` as the access log across reloads (it was given on the command line).
+    pub fn pin_access_log(&self, dest: AccessLog) {
+        *self.pinned_access_log.lock().unwrap() = Some(dest);
+    }
+
+    /// The access log given on the command line, if any.
+    pub fn pinned_access_log(&self) -> Option<AccessLog> {
+        self.pinned_access_log.lock().unwrap().clone()
+    }
+
     /// Readiness is failing on purpose: SIGTERM was received.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
@@ -140,11 +214,26 @@ impl Shared {
         self.listeners_bound.store(true, Ordering::Relaxed);
     }
 
-    /// Applies a new config (validated already); the old state stays if building fails.
-    pub fn apply(&self, config: Config) -> Result<(), String> {
+    /// Applies a new config (validated already) in one swap: a request sees the old state
+    /// or the new one, never a half-built one. The old state stays if building fails.
+    pub fn apply(&self, config: Config) -> Result<GroupChanges, String> {
         let prev = self.state.load_full();
-        let next = State::build(Arc::new(config), Some(&prev), self)?;
+        let (next, changes) = State::build(Arc::new(config), Some(&prev), self)?;
+        for name in &changes.rebuilt {
+            // The replacement carries the panic state over: its gauge says so from the swap.
+            if let Some(g) = next.groups.get(name) {
+                self.metrics
+                    .panic_mode
+                    .get_or_create(&crate::metrics::GroupLabel {
+                        group: name.clone(),
+                    })
+                    .set(g.in_panic() as i64);
+            }
+        }
         self.state.store(Arc::new(next));
-        Ok(())
+        for name in &changes.removed {
+            self.metrics.forget_group(name);
+        }
+        Ok(changes)
     }
 }

@@ -412,3 +412,53 @@ async fn a_failed_aaaa_lookup_keeps_the_ipv6_addresses_that_a_answers_cannot_rep
     tokio::time::sleep(S).await;
     assert_eq!(addrs(&rx), vec![ip("127.0.0.3"), ip("::3")]);
 }
+
+fn seed(ips: &[&str]) -> NameState {
+    let mut s = NameState::new("app.upkeep.test".into());
+    s.addrs = Arc::from(ips.iter().map(|s| ip(s)).collect::<Vec<_>>());
+    s.resolved_ever = true;
+    s.last_outcome = records(ips, S);
+    s.last_at = Some(SystemTime::now());
+    s
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_seeded_loop_keeps_its_seed_through_failures_and_replaces_it_on_records() {
+    let src = Scripted::new(vec![Outcome::Timeout, Outcome::ServFail, Outcome::Timeout]);
+    let (rx, _task) = watch_name_seeded(
+        src.clone(),
+        seed(&["127.0.0.2"]),
+        policy(StaleGrace::WhileHealthy),
+        Arc::new(AssumeHealthy(true)),
+        Arc::new(NoObserver),
+    );
+    assert_eq!(
+        addrs(&rx),
+        vec![ip("127.0.0.2")],
+        "the seed before any lookup"
+    );
+    tokio::time::sleep(10 * S).await;
+    assert!(src.count() >= 3);
+    assert_eq!(addrs(&rx), vec![ip("127.0.0.2")], "failures keep the seed");
+    assert!(rx.borrow().resolved_ever);
+    src.set(vec![records(&["127.0.0.3"], S)]);
+    tokio::time::sleep(40 * S).await;
+    assert_eq!(addrs(&rx), vec![ip("127.0.0.3")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_seeded_loop_drops_its_seed_when_the_grace_runs_out() {
+    let src = Scripted::new(vec![Outcome::NxDomain]);
+    let (rx, _task) = watch_name_seeded(
+        src.clone(),
+        seed(&["127.0.0.2"]),
+        policy(StaleGrace::For(3 * S)),
+        Arc::new(AssumeHealthy(true)),
+        Arc::new(NoObserver),
+    );
+    tokio::time::sleep(S / 2).await;
+    assert_eq!(addrs(&rx), vec![ip("127.0.0.2")], "kept inside the grace");
+    tokio::time::sleep(4 * S).await;
+    assert!(addrs(&rx).is_empty(), "dropped after the grace");
+    assert_eq!(rx.borrow().dropped_reason, Some("nxdomain_grace_expired"));
+}

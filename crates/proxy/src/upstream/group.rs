@@ -1,7 +1,7 @@
 //! An upstream group: peers keyed by address across endpoints and tiers, replaced atomically
 //! when discovery changes a name's addresses, picked with a panic threshold.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use rand::Rng;
 use tokio::time::Instant;
+use upkeep_discovery::{NameState, Outcome};
 
 use super::peer::{FailureEffect, Peer};
 use crate::config::{Balance, EndpointSource, GroupConfig};
@@ -74,12 +75,27 @@ pub struct Group {
     window_probing: std::sync::atomic::AtomicBool,
     window_waiters: AtomicUsize,
     window_recovered: tokio::sync::Notify,
-    name_views: Mutex<std::collections::BTreeMap<usize, serde_json::Value>>,
     /// Held from the panic-threshold check to the ejection, so failures recorded at once on
     /// several threads cannot each see room for one more ejection and together break it.
     eject_lock: Mutex<()>,
     /// Whether every peer has been failing to connect, and since when (fail fast).
     pub(super) down: super::down::DownState,
+    /// What discovery last said about each name endpoint (by endpoint index); before the
+    /// first lookup ends, the state carried over from the group this one replaced.
+    name_states: Mutex<BTreeMap<usize, NameState>>,
+}
+
+/// The group's pool: plain, or TLS for `https://` groups (warning loudly when verification
+/// is off).
+fn make_pool(name: &str, cfg: &GroupConfig, metrics: &Arc<Metrics>) -> Arc<Pool> {
+    if cfg.tls.as_ref().is_some_and(|t| !t.verify) {
+        tracing::warn!(group = %name, "TLS certificate verification is OFF for this group (verify = false): anyone on the path can impersonate its upstreams");
+    }
+    Pool::with_tls(
+        cfg.pool.clone(),
+        cfg.tls.as_ref().map(|t| t.client.clone()),
+        metrics.clone(),
+    )
 }
 
 impl Drop for Group {
@@ -107,14 +123,7 @@ impl Group {
                 },
             })
             .collect();
-        if cfg.tls.as_ref().is_some_and(|t| !t.verify) {
-            tracing::warn!(group = %name, "TLS certificate verification is OFF for this group (verify = false): anyone on the path can impersonate its upstreams");
-        }
-        let pool = Pool::with_tls(
-            cfg.pool.clone(),
-            cfg.tls.as_ref().map(|t| t.client.clone()),
-            metrics.clone(),
-        );
+        let pool = make_pool(&name, &cfg, &metrics);
         let g = Arc::new(Self {
             name,
             cfg,
@@ -131,12 +140,111 @@ impl Group {
             window_probing: std::sync::atomic::AtomicBool::new(false),
             window_waiters: AtomicUsize::new(0),
             window_recovered: tokio::sync::Notify::new(),
-            name_views: Mutex::new(std::collections::BTreeMap::new()),
             eject_lock: Mutex::new(()),
             down: super::down::DownState::default(),
+            name_states: Mutex::new(BTreeMap::new()),
         });
         g.rebuild();
         g
+    }
+
+    /// The group that replaces `prev` on a reload that changed its settings: it starts from
+    /// `prev`'s addresses, peers (health, ejections), pool and panic state wherever its
+    /// endpoints are unchanged, so a reload never empties it. A name the new config adds in
+    /// place of removed ones serves the removed names' addresses until its own first answer
+    /// (last-known-good across the reload). Only what the new config removes goes away.
+    pub fn carry_over(
+        name: String,
+        cfg: GroupConfig,
+        metrics: Arc<Metrics>,
+        prev: &Group,
+    ) -> Arc<Self> {
+        let old_eps = prev.endpoint_addrs.lock().unwrap().clone();
+        let old_states = prev.name_states.lock().unwrap().clone();
+        let same = |a: &EndpointSource| prev.cfg.endpoints.iter().position(|e| &e.source == a);
+        // Names the new config no longer lists: their addresses seed the names it adds.
+        let removed: Vec<usize> = (0..prev.cfg.endpoints.len())
+            .filter(|&j| {
+                matches!(prev.cfg.endpoints[j].source, EndpointSource::Name { .. })
+                    && !cfg
+                        .endpoints
+                        .iter()
+                        .any(|e| e.source == prev.cfg.endpoints[j].source)
+            })
+            .collect();
+        let mut endpoint_addrs = Vec::with_capacity(cfg.endpoints.len());
+        let mut seeds = BTreeMap::new();
+        for (i, ep) in cfg.endpoints.iter().enumerate() {
+            match &ep.source {
+                EndpointSource::Static(a) => endpoint_addrs.push(EndpointAddrs {
+                    addrs: vec![*a],
+                    never_resolved: false,
+                }),
+                EndpointSource::Name { host, port } => match same(&ep.source) {
+                    Some(j) => {
+                        endpoint_addrs.push(old_eps[j].clone());
+                        if let Some(st) = old_states.get(&j) {
+                            seeds.insert(i, st.clone());
+                        }
+                    }
+                    None => {
+                        let (ips, from) = removed_addrs(prev, &old_states, &removed, *port);
+                        if !ips.is_empty() {
+                            let mut st = NameState::new(host.clone());
+                            st.addrs = Arc::from(ips.clone());
+                            st.resolved_ever = true;
+                            st.last_outcome = Outcome::Error(format!(
+                                "not resolved yet; serving the addresses of {} until the first answer",
+                                from.join(", ")
+                            ));
+                            seeds.insert(i, st);
+                        }
+                        endpoint_addrs.push(EndpointAddrs {
+                            addrs: ips.iter().map(|ip| SocketAddr::new(*ip, *port)).collect(),
+                            never_resolved: ips.is_empty(),
+                        });
+                    }
+                },
+            }
+        }
+        let pool = if prev.cfg.pool == cfg.pool && prev.cfg.tls == cfg.tls {
+            prev.pool.clone()
+        } else {
+            make_pool(&name, &cfg, &metrics)
+        };
+        let g = Arc::new(Self {
+            name,
+            cfg,
+            // The old set, so that `rebuild` keeps each peer (and its health) by address.
+            peers: ArcSwap::new(prev.peers()),
+            endpoint_addrs: Mutex::new(endpoint_addrs),
+            rr: AtomicUsize::new(prev.rr.load(Ordering::Relaxed)),
+            pool,
+            metrics,
+            active_requests: AtomicUsize::new(0),
+            active_retries: AtomicUsize::new(0),
+            tasks: Mutex::new(Vec::new()),
+            degraded_since: Mutex::new(*prev.degraded_since.lock().unwrap()),
+            panic: std::sync::atomic::AtomicBool::new(prev.panic.load(Ordering::Relaxed)),
+            window_probing: std::sync::atomic::AtomicBool::new(false),
+            window_waiters: AtomicUsize::new(0),
+            window_recovered: tokio::sync::Notify::new(),
+            eject_lock: Mutex::new(()),
+            down: super::down::DownState::default(),
+            name_states: Mutex::new(seeds),
+        });
+        g.rebuild();
+        g
+    }
+
+    /// The state discovery of endpoint `index` starts from (carried over by a reload).
+    pub fn name_seed(&self, index: usize) -> Option<NameState> {
+        self.name_states.lock().unwrap().get(&index).cloned()
+    }
+
+    /// Whether the group is routing to all peers of a tier (panic threshold) right now.
+    pub fn in_panic(&self) -> bool {
+        self.panic.load(Ordering::Relaxed)
     }
 
     /// The group's name.
@@ -180,20 +288,20 @@ impl Group {
         self.rebuild();
     }
 
-    /// Records what discovery last said about endpoint `index` (for `/upstreams`).
-    pub fn set_name_view(&self, index: usize, view: serde_json::Value) {
-        self.name_views.lock().unwrap().insert(index, view);
+    /// Records what discovery last said about endpoint `index` (for `/upstreams` and for
+    /// the group that replaces this one on a reload).
+    pub fn set_name_state(&self, index: usize, state: NameState) {
+        self.name_states.lock().unwrap().insert(index, state);
     }
 
-    /// Every name endpoint has had at least one DNS answer (or failure) since start.
+    /// Every name endpoint has had at least one DNS answer (or failure), in this group or in
+    /// the one it replaced.
     pub fn discovery_settled(&self) -> bool {
-        let names = self
-            .cfg
-            .endpoints
-            .iter()
-            .filter(|e| matches!(e.source, EndpointSource::Name { .. }))
-            .count();
-        self.name_views.lock().unwrap().len() >= names
+        let states = self.name_states.lock().unwrap();
+        self.cfg.endpoints.iter().enumerate().all(|(i, e)| {
+            !matches!(e.source, EndpointSource::Name { .. })
+                || states.get(&i).is_some_and(|s| s.last_at.is_some())
+        })
     }
 
     /// The `/upstreams` view of this group.
@@ -204,7 +312,14 @@ impl Group {
             .all()
             .map(|p| p.view(now, self.pool.idle_count(p.addr())))
             .collect();
-        let names: Vec<_> = self.name_views.lock().unwrap().values().cloned().collect();
+        let names: Vec<_> = self
+            .name_states
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| s.last_at.is_some() || s.resolved_ever)
+            .map(super::names::view)
+            .collect();
         serde_json::json!({
             "required": self.cfg.required,
             "usable": self.is_usable(),
@@ -514,6 +629,41 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.group.active_requests.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// The addresses of the `removed` name endpoints of `prev` (those with `port` first), and
+/// the names they came from.
+fn removed_addrs(
+    prev: &Group,
+    states: &BTreeMap<usize, NameState>,
+    removed: &[usize],
+    port: u16,
+) -> (Vec<IpAddr>, Vec<String>) {
+    let port_of = |j: usize| match &prev.cfg.endpoints[j].source {
+        EndpointSource::Name { port, .. } => *port,
+        EndpointSource::Static(a) => a.port(),
+    };
+    let same_port: Vec<usize> = removed
+        .iter()
+        .copied()
+        .filter(|&j| port_of(j) == port)
+        .collect();
+    let pick = if same_port.is_empty() {
+        removed.to_vec()
+    } else {
+        same_port
+    };
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let mut from = Vec::new();
+    for j in pick {
+        if let Some(st) = states.get(&j).filter(|s| !s.addrs.is_empty()) {
+            ips.extend(st.addrs.iter().copied());
+            from.push(st.name.clone());
+        }
+    }
+    ips.sort_unstable();
+    ips.dedup();
+    (ips, from)
 }
 
 /// A random delay in `[lo, hi)`, for jittered backoff.

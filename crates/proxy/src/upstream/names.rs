@@ -72,7 +72,8 @@ fn policy(group: &Group) -> Policy {
     }
 }
 
-/// Starts discovery for every name endpoint of `group`.
+/// Starts discovery for every name endpoint of `group`, each from the state the group
+/// carried over from the one it replaced, if any (see `Group::carry_over`).
 pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>) {
     for (index, ep) in group.config().endpoints.iter().enumerate() {
         let EndpointSource::Name { host, port } = &ep.source else {
@@ -86,9 +87,12 @@ pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>)
             metrics: metrics.clone(),
             group: group.name().to_owned(),
         });
-        let (mut rx, handle) = upkeep_discovery::watch_name(
+        let seed = group
+            .name_seed(index)
+            .unwrap_or_else(|| NameState::new(host.clone()));
+        let (mut rx, handle) = upkeep_discovery::watch_name_seeded(
             resolver.clone(),
-            host.clone(),
+            seed,
             policy(group),
             stale,
             observer,
@@ -114,22 +118,26 @@ pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>)
 
 fn apply(group: &Group, index: usize, st: &NameState) {
     group.set_endpoint_addrs(index, &st.addrs, !st.resolved_ever);
-    if st.last_at.is_none() {
-        // No lookup has finished yet: first discovery is still pending (see /startupz).
-        return;
-    }
+    // Before a lookup has finished, first discovery is still pending (see /startupz).
+    group.set_name_state(index, st.clone());
+}
+
+/// The `/upstreams` view of one name.
+pub fn view(st: &NameState) -> serde_json::Value {
     let since = |t: Option<std::time::SystemTime>| t.map(crate::access_log::rfc3339);
-    group.set_name_view(
-        index,
-        json!({
-            "name": st.name,
-            "addrs": st.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-            "resolved_ever": st.resolved_ever,
-            "last_outcome": st.last_outcome.label(),
-            "last_rcode": st.last_outcome.rcode(),
-            "last_at": since(st.last_at),
-            "stale_since": since(st.stale_since),
-            "dropped_reason": st.dropped_reason,
-        }),
-    );
+    let note = match &st.last_outcome {
+        upkeep_discovery::Outcome::Error(e) => Some(e.as_str()),
+        _ => None,
+    };
+    json!({
+        "name": st.name,
+        "addrs": st.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "resolved_ever": st.resolved_ever,
+        "last_outcome": st.last_outcome.label(),
+        "last_rcode": st.last_outcome.rcode(),
+        "last_error": note,
+        "last_at": since(st.last_at),
+        "stale_since": since(st.stale_since),
+        "dropped_reason": st.dropped_reason,
+    })
 }
