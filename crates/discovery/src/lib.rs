@@ -16,6 +16,6 @@ pub use outcome::{Family, Outcome};
 pub use policy::{Policy, StaleGrace, MAX_ERROR_BACKOFF};
 pub use resolver::{Error, Lookup, Resolver};
 pub use watch::{
-    watch_name, watch_name_seeded, watch_name_with, AssumeHealthy, NameState, NoObserver, Observer,
+    watch_name, watch_name_from, watch_name_with, AssumeHealthy, NameState, NoObserver, Observer,
     StaleCheck,
 };

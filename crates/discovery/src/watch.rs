@@ -101,22 +101,22 @@ pub fn watch_name_with(
     stale: Arc<dyn StaleCheck>,
     observer: Arc<dyn Observer>,
 ) -> (watch::Receiver<NameState>, JoinHandle<()>) {
-    watch_name_seeded(source, NameState::new(name), policy, stale, observer)
+    watch_name_from(source, NameState::new(name), policy, stale, observer)
 }
 
 /// [`watch_name_with`] starting from a known state instead of "never resolved": the
 /// addresses, negative-answer grace and history of a loop this one replaces (a config
-/// reload). The seed's addresses are last-known-good: failures keep them, a negative answer
+/// reload). The carried-over addresses are last-known-good: failures keep them, a negative answer
 /// keeps them for the grace left, only records replace them.
-pub fn watch_name_seeded(
+pub fn watch_name_from(
     source: Arc<dyn Lookup>,
-    seed: NameState,
+    carried: NameState,
     policy: Policy,
     stale: Arc<dyn StaleCheck>,
     observer: Arc<dyn Observer>,
 ) -> (watch::Receiver<NameState>, JoinHandle<()>) {
-    let name = seed.name.clone();
-    let mut initial = seed;
+    let name = carried.name.clone();
+    let mut initial = carried;
     if let Some(ip) = ip_literal(&name) {
         // A literal needs no DNS and never changes.
         initial.addrs = Arc::from(vec![ip]);
@@ -132,7 +132,7 @@ pub fn watch_name_seeded(
         let task = tokio::spawn(async move { tx.closed().await });
         return (rx, task);
     }
-    // A seed already inside a negative-answer grace keeps the time it has used up.
+    // A carried-over state already inside a negative-answer grace keeps the time it has used up.
     let negative_since = initial.stale_since.map(|t| {
         let used = SystemTime::now().duration_since(t).unwrap_or_default();
         Instant::now()

@@ -413,7 +413,7 @@ async fn a_failed_aaaa_lookup_keeps_the_ipv6_addresses_that_a_answers_cannot_rep
     assert_eq!(addrs(&rx), vec![ip("127.0.0.3"), ip("::3")]);
 }
 
-fn seed(ips: &[&str]) -> NameState {
+fn carried(ips: &[&str]) -> NameState {
     let mut s = NameState::new("app.upkeep.test".into());
     s.addrs = Arc::from(ips.iter().map(|s| ip(s)).collect::<Vec<_>>());
     s.resolved_ever = true;
@@ -423,11 +423,11 @@ fn seed(ips: &[&str]) -> NameState {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_seeded_loop_keeps_its_seed_through_failures_and_replaces_it_on_records() {
+async fn a_carried_over_loop_keeps_its_addresses_through_failures_and_replaces_them_on_records() {
     let src = Scripted::new(vec![Outcome::Timeout, Outcome::ServFail, Outcome::Timeout]);
-    let (rx, _task) = watch_name_seeded(
+    let (rx, _task) = watch_name_from(
         src.clone(),
-        seed(&["127.0.0.2"]),
+        carried(&["127.0.0.2"]),
         policy(StaleGrace::WhileHealthy),
         Arc::new(AssumeHealthy(true)),
         Arc::new(NoObserver),
@@ -435,11 +435,15 @@ async fn a_seeded_loop_keeps_its_seed_through_failures_and_replaces_it_on_record
     assert_eq!(
         addrs(&rx),
         vec![ip("127.0.0.2")],
-        "the seed before any lookup"
+        "the carried addresses before any lookup"
     );
     tokio::time::sleep(10 * S).await;
     assert!(src.count() >= 3);
-    assert_eq!(addrs(&rx), vec![ip("127.0.0.2")], "failures keep the seed");
+    assert_eq!(
+        addrs(&rx),
+        vec![ip("127.0.0.2")],
+        "failures keep the carried addresses"
+    );
     assert!(rx.borrow().resolved_ever);
     src.set(vec![records(&["127.0.0.3"], S)]);
     tokio::time::sleep(40 * S).await;
@@ -447,11 +451,11 @@ async fn a_seeded_loop_keeps_its_seed_through_failures_and_replaces_it_on_record
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_seeded_loop_drops_its_seed_when_the_grace_runs_out() {
+async fn a_carried_over_loop_drops_its_addresses_when_the_grace_runs_out() {
     let src = Scripted::new(vec![Outcome::NxDomain]);
-    let (rx, _task) = watch_name_seeded(
+    let (rx, _task) = watch_name_from(
         src.clone(),
-        seed(&["127.0.0.2"]),
+        carried(&["127.0.0.2"]),
         policy(StaleGrace::For(3 * S)),
         Arc::new(AssumeHealthy(true)),
         Arc::new(NoObserver),

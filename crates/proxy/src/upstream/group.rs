@@ -162,7 +162,7 @@ impl Group {
         let old_eps = prev.endpoint_addrs.lock().unwrap().clone();
         let old_states = prev.name_states.lock().unwrap().clone();
         let same = |a: &EndpointSource| prev.cfg.endpoints.iter().position(|e| &e.source == a);
-        // Names the new config no longer lists: their addresses seed the names it adds.
+        // Names the new config no longer lists: their addresses serve the names it adds until those answer.
         let removed: Vec<usize> = (0..prev.cfg.endpoints.len())
             .filter(|&j| {
                 matches!(prev.cfg.endpoints[j].source, EndpointSource::Name { .. })
@@ -173,7 +173,7 @@ impl Group {
             })
             .collect();
         let mut endpoint_addrs = Vec::with_capacity(cfg.endpoints.len());
-        let mut seeds = BTreeMap::new();
+        let mut carried = BTreeMap::new();
         for (i, ep) in cfg.endpoints.iter().enumerate() {
             match &ep.source {
                 EndpointSource::Static(a) => endpoint_addrs.push(EndpointAddrs {
@@ -184,7 +184,7 @@ impl Group {
                     Some(j) => {
                         endpoint_addrs.push(old_eps[j].clone());
                         if let Some(st) = old_states.get(&j) {
-                            seeds.insert(i, st.clone());
+                            carried.insert(i, st.clone());
                         }
                     }
                     None => {
@@ -197,7 +197,7 @@ impl Group {
                                 "not resolved yet; serving the addresses of {} until the first answer",
                                 from.join(", ")
                             ));
-                            seeds.insert(i, st);
+                            carried.insert(i, st);
                         }
                         endpoint_addrs.push(EndpointAddrs {
                             addrs: ips.iter().map(|ip| SocketAddr::new(*ip, *port)).collect(),
@@ -231,14 +231,14 @@ impl Group {
             window_recovered: tokio::sync::Notify::new(),
             eject_lock: Mutex::new(()),
             down: super::down::DownState::default(),
-            name_states: Mutex::new(seeds),
+            name_states: Mutex::new(carried),
         });
         g.rebuild();
         g
     }
 
     /// The state discovery of endpoint `index` starts from (carried over by a reload).
-    pub fn name_seed(&self, index: usize) -> Option<NameState> {
+    pub fn carried_name_state(&self, index: usize) -> Option<NameState> {
         self.name_states.lock().unwrap().get(&index).cloned()
     }
 

@@ -87,12 +87,12 @@ pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>)
             metrics: metrics.clone(),
             group: group.name().to_owned(),
         });
-        let seed = group
-            .name_seed(index)
+        let carried = group
+            .carried_name_state(index)
             .unwrap_or_else(|| NameState::new(host.clone()));
-        let (mut rx, handle) = upkeep_discovery::watch_name_seeded(
+        let (mut rx, handle) = upkeep_discovery::watch_name_from(
             resolver.clone(),
-            seed,
+            carried,
             policy(group),
             stale,
             observer,
