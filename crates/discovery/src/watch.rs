@@ -175,6 +175,19 @@ struct Looper {
 }
 
 impl Looper {
+    /// Takes an answer's addresses (sorted, without repeats; swapped only when they differ
+    /// from `old`) and marks the name resolved and fresh.
+    fn take_answer(&mut self, mut new: Vec<IpAddr>, old: &[IpAddr]) {
+        new.sort_unstable();
+        new.dedup();
+        if *new != *old {
+            self.state.addrs = Arc::from(new);
+        }
+        self.state.resolved_ever = true;
+        self.state.stale_since = None;
+        self.state.dropped_reason = None;
+    }
+
     /// Does one lookup, updates the state, and says how long to wait for the next.
     async fn step(&mut self) -> Duration {
         let outcome = self.source.lookup(&self.state.name).await;
@@ -185,15 +198,7 @@ impl Looper {
             Outcome::Records { addrs, ttl } => {
                 self.backoff = None;
                 self.negative_since = None;
-                let mut new = addrs.clone();
-                new.sort_unstable();
-                new.dedup();
-                if *new != *old {
-                    self.state.addrs = Arc::from(new);
-                }
-                self.state.resolved_ever = true;
-                self.state.stale_since = None;
-                self.state.dropped_reason = None;
+                self.take_answer(addrs.clone(), &old);
                 self.policy.refresh_after(*ttl)
             }
             Outcome::Partial {
@@ -207,14 +212,7 @@ impl Looper {
                 self.negative_since = None;
                 let mut new = addrs.clone();
                 new.extend(old.iter().filter(|ip| unknown.has(ip)));
-                new.sort_unstable();
-                new.dedup();
-                if *new != *old {
-                    self.state.addrs = Arc::from(new);
-                }
-                self.state.resolved_ever = true;
-                self.state.stale_since = None;
-                self.state.dropped_reason = None;
+                self.take_answer(new, &old);
                 self.policy
                     .refresh_after(*ttl)
                     .min(jitter(self.policy.next_backoff(None)))
