@@ -322,67 +322,6 @@ async fn loop_ends_when_every_receiver_is_dropped() {
     assert_eq!(src.count(), 1);
 }
 
-/// Collects formatted log output for one test.
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuf {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn every_address_change_is_one_log_line() {
-    let buf = LogBuf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    // The current-thread test runtime runs the spawned loop on this thread.
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let src = Scripted::new(vec![
-        records(&["127.0.0.2"], S),
-        records(&["127.0.0.2"], S),
-        records(&["127.0.0.3"], S),
-        Outcome::ServFail,
-        Outcome::NxDomain,
-        Outcome::NxDomain,
-    ]);
-    let (_rx, _task, _) = start(
-        src,
-        policy(StaleGrace::For(Duration::from_millis(1500))),
-        Arc::new(AssumeHealthy(true)),
-    );
-    tokio::time::sleep(10 * S).await;
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("dns addresses changed"))
-        .collect();
-    // [] -> [.2], [.2] -> [.3], [.3] -> [] when the grace ends; nothing for the rest.
-    assert_eq!(lines.len(), 3, "{text}");
-    assert!(
-        lines[0].contains("dns.name=app.upkeep.test"),
-        "{}",
-        lines[0]
-    );
-    assert!(lines[0].contains("old=[]") && lines[0].contains("new=[127.0.0.2]"));
-    assert!(lines[1].contains("dns.rcode=\"NOERROR\""), "{}", lines[1]);
-    assert!(lines[1].contains("old=[127.0.0.2]") && lines[1].contains("new=[127.0.0.3]"));
-    assert!(
-        lines[2].contains("NXDOMAIN") && lines[2].contains("nxdomain_grace_expired"),
-        "{}",
-        lines[2]
-    );
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_failed_aaaa_lookup_keeps_the_ipv6_addresses_that_a_answers_cannot_replace() {
     let src = Scripted::new(vec![
