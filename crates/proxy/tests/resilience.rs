@@ -197,9 +197,12 @@ async fn rst_blip_costs_latency_not_errors(endpoints: usize) {
     backend.resume().await;
     let run = load.await.unwrap();
     assert!(run.errors().is_empty(), "{}", run.summary());
+    // Requests caught in the blip wait for the backend's return, not for the 3 s
+    // connect_retry_window to run out: their latency ends shortly after the 2 s blip does.
+    // The slack above 2 s is for shared test machines; waiting out the window would be >= 3 s.
     let p99 = run.latency_quantile(0.99);
     assert!(
-        p99 <= Duration::from_millis(2200),
+        p99 <= Duration::from_millis(2800),
         "p99 {p99:?}: {}",
         run.summary()
     );
