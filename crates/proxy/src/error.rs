@@ -46,6 +46,10 @@ pub enum Cut {
     UpstreamReadTimeout,
     /// The client accepted no byte of the response for `send_timeout`.
     ClientSendTimeout,
+    /// An upgraded connection carried no byte either way for `upgrade_idle_timeout`.
+    UpgradeIdleTimeout,
+    /// An upgraded connection was still open `shutdown_timeout` after shutdown began.
+    Shutdown,
 }
 
 impl Cut {
@@ -54,6 +58,8 @@ impl Cut {
         match self {
             Cut::UpstreamReadTimeout => "upstream_read_timeout",
             Cut::ClientSendTimeout => "client_send_timeout",
+            Cut::UpgradeIdleTimeout => "upgrade_idle_timeout",
+            Cut::Shutdown => "shutdown",
         }
     }
 }

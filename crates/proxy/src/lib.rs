@@ -21,4 +21,5 @@ pub mod rescue;
 pub mod route;
 pub mod server;
 pub mod state;
+pub mod upgrade;
 pub mod upstream;

@@ -45,6 +45,8 @@ pub struct ConnActivity {
     refusal: std::sync::OnceLock<&'static str>,
     /// The client accepted no response byte for `send_timeout` (for the access log).
     send_timed_out: AtomicBool,
+    /// Upgrade outcome and the tunnel that takes the connection over after a `101`.
+    pub upgrade: crate::upgrade::ConnUpgrade,
 }
 
 impl ConnActivity {
@@ -59,6 +61,7 @@ impl ConnActivity {
             changed: tokio::sync::Notify::new(),
             refusal: std::sync::OnceLock::new(),
             send_timed_out: AtomicBool::new(false),
+            upgrade: crate::upgrade::ConnUpgrade::default(),
         }
     }
 
@@ -163,16 +166,44 @@ impl<IO> Guarded<IO> {
                 }
             }
             Some(f) => {
-                if let Err(Refused(why)) = f.feed(data, &mut self.out) {
-                    tracing::info!(reason = why, "refused a malformed request (400)");
-                    f.poison(&mut self.out);
-                    self.refused = true;
-                    let _ = self.activity.refusal.set(why);
-                } else if f.long_target() {
-                    let _ = self.activity.refusal.set(crate::refused::URI_TOO_LONG);
-                }
-                self.activity.set_head_in_progress(f.head_in_progress());
+                let r = f.feed(data, &mut self.out);
+                self.checked(r);
             }
+        }
+    }
+
+    /// Acts on the framing check's verdict on what it was just given.
+    fn checked(&mut self, r: Result<(), Refused>) {
+        let Some(f) = &mut self.framer else { return };
+        if let Err(Refused(why)) = r {
+            tracing::info!(reason = why, "refused a malformed request (400)");
+            f.poison(&mut self.out);
+            self.refused = true;
+            let _ = self.activity.refusal.set(why);
+        } else if f.long_target() {
+            let _ = self.activity.refusal.set(crate::refused::URI_TOO_LONG);
+        }
+        self.activity.set_head_in_progress(f.head_in_progress());
+    }
+
+    /// After a request that asked for an upgrade: `Ready` once the bytes held since are
+    /// released (the outcome is known); `Pending` while more input would only be held past
+    /// what one request head may take.
+    fn poll_upgrade_outcome(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(f) = &mut self.framer else {
+            return Poll::Ready(());
+        };
+        if !f.awaiting_upgrade() {
+            return Poll::Ready(());
+        }
+        match self.activity.upgrade.poll_decision(cx) {
+            Poll::Ready(switched) => {
+                let r = f.upgrade_decided(switched, &mut self.out);
+                self.checked(r);
+                Poll::Ready(())
+            }
+            Poll::Pending if f.held() >= f.max_head() => Poll::Pending,
+            Poll::Pending => Poll::Ready(()),
         }
     }
 }
@@ -193,6 +224,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
             }
             if this.refused {
                 return Poll::Ready(Ok(()));
+            }
+            ready!(this.poll_upgrade_outcome(cx));
+            if !this.out.is_empty() {
+                continue;
             }
             let mut rb = ReadBuf::new(&mut this.scratch);
             ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
@@ -366,6 +401,7 @@ async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(ConnActivity::new());
+    activity.upgrade.watch_shutdown(signals.close_idle.clone());
     let keepalive = http::HeaderValue::from_str(&format!("timeout={}", cfg.idle_timeout.as_secs()))
         .unwrap_or(http::HeaderValue::from_static("timeout=0"));
     let ctx = Arc::new(ConnCtx {
@@ -445,6 +481,18 @@ where
     }
 }
 
+impl<I, S> GracefulConn for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: http_body::Body + 'static,
+    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
 impl<I, S, E> GracefulConn for hyper::server::conn::http2::Connection<I, S, E>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
@@ -473,6 +521,8 @@ where
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(60)))
             .max_header_list_size(cfg.max_header_bytes.min(u32::MAX as usize) as u32)
+            // RFC 8441: WebSocket over a stream (crate::upgrade).
+            .enable_connect_protocol()
             .serve_connection(TokioIo::new(io), svc);
         drive(conn, &conn_ctx, &cfg, signals).await;
     } else {
@@ -482,7 +532,8 @@ where
             .max_buf_size(cfg.max_header_bytes.max(8192) + 16 * 1024)
             .max_header_size(cfg.max_header_bytes)
             .keep_alive(true)
-            .serve_connection(TokioIo::new(io), svc);
+            .serve_connection(TokioIo::new(io), svc)
+            .with_upgrades();
         drive(conn, &conn_ctx, &cfg, signals).await;
     }
 }
@@ -524,6 +575,10 @@ async fn drive<C: GracefulConn>(
                 }
                 if activity.send_timed_out() {
                     count_timeout(shared, "send");
+                }
+                // After a relayed `101` the connection is the tunnel's.
+                if let Some(tunnel) = activity.upgrade.take_tunnel() {
+                    tunnel.run().await;
                 }
                 return;
             }

@@ -6,9 +6,11 @@
 
 mod exposition;
 mod peers;
+mod upgrade;
 
 pub use exposition::{scrape, Format};
 pub use peers::PeerStats;
+pub use upgrade::UpgradeMetrics;
 
 use std::sync::Arc;
 
@@ -128,6 +130,8 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Access-log lines dropped because the writer was too far behind.
     pub access_log_dropped: Counter,
+    /// Upgraded (WebSocket) connections.
+    pub upgraded: UpgradeMetrics,
     /// The series of `responses` and `pool_events` that nearly every request counts, looked
     /// up once (a clone shares the value) instead of hashing labels per request.
     hot: HotSeries,
@@ -198,6 +202,7 @@ impl Metrics {
             timeouts: Family::default(),
             connections_refused: Counter::default(),
             access_log_dropped,
+            upgraded: UpgradeMetrics::default(),
             registry: Registry::default(),
             hot,
         };
@@ -303,6 +308,7 @@ impl Metrics {
             "Access-log lines dropped because the writer was too far behind",
             m.access_log_dropped.clone(),
         );
+        m.upgraded.register(&mut r);
         Arc::new(Metrics { registry: r, ..m })
     }
 

@@ -266,7 +266,8 @@ impl Pool {
         let (io, counters) = SharedIo::new(transport);
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // With upgrades: a `101` hands the socket to `crate::upgrade` (never pooled).
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(peer.addr = %peer, error = %e, "upstream connection ended with an error");
             }
         });

@@ -60,6 +60,7 @@ pub async fn handle(
     let in_flight = InFlight::new(ctx.activity.clone());
     let state = shared.state.load_full();
     let version = req.version();
+    let asks_upgrade = crate::upgrade::asks(&req);
     let method = req.method().clone();
     // As received, for the log only: routing uses the validated and normalised forms.
     let host = request_host(&req).map(str::to_owned);
@@ -89,7 +90,8 @@ pub async fn handle(
         }
     };
     let origin = if cause.is_some() { "proxy" } else { "upstream" };
-    if version == Version::HTTP_11 || version == Version::HTTP_10 {
+    let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    if (version == Version::HTTP_11 || version == Version::HTTP_10) && !switching {
         let h = resp.headers_mut();
         if shared.is_draining() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -139,7 +141,15 @@ pub async fn handle(
         bytes_in,
         _in_flight: in_flight,
     };
-    resp.body_mut().on_done(Box::new(done));
+    // An upgraded connection logs its line when it ends, with the bytes it carried.
+    if let Some(done) = crate::upgrade::finish(
+        &ctx.activity.upgrade,
+        asks_upgrade,
+        &mut resp,
+        Box::new(done),
+    ) {
+        resp.body_mut().on_done(done);
+    }
     Ok(resp)
 }
 
@@ -344,7 +354,7 @@ async fn forward(
     bytes_in: &Arc<AtomicU64>,
     info: &mut AttemptInfo,
 ) -> Result<Response<RespBody>, ProxyError> {
-    if req.method() == Method::CONNECT {
+    if req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_none() {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
     let invalid = |e: Invalid| ProxyError::new(Kind::Invalid(e.as_str()));
@@ -375,7 +385,14 @@ async fn forward(
         }
     };
 
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    let upgrade = crate::upgrade::Wanted::take(
+        parts.version,
+        &parts.method,
+        &parts.headers,
+        &mut parts.extensions,
+        body.is_end_stream(),
+    );
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if !headers.contains_key(header::HOST) {
@@ -397,6 +414,22 @@ async fn forward(
         if ctx.tls { "https" } else { "http" },
         host_value,
     );
+    if let Some(want) = upgrade {
+        let f = crate::upgrade::Forward {
+            group: &group,
+            method: parts.method,
+            uri,
+            headers,
+            metrics: ctx.shared.metrics.clone(),
+            bytes_in: bytes_in.clone(),
+            shutdown_timeout: state.config.lifecycle.shutdown_timeout,
+        };
+        return crate::upgrade::forward(want, f, &mut |p| {
+            info.attempts += 1;
+            info.peer = Some(p.clone());
+        })
+        .await;
+    }
 
     // Read the first body frame before choosing a peer, so a malformed body start is refused
     // with 400 before any upstream sees the request.

@@ -21,6 +21,10 @@ pub const DEFAULT_CLIENT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Time an upstream may stay silent inside a response body (nginx `proxy_read_timeout`).
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Time an upgraded connection (WebSocket) may carry no byte either way: long, since such
+/// connections idle between messages by design (nginx's `proxy_read_timeout` is often raised
+/// to about this for them).
+pub const DEFAULT_UPGRADE_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Largest request head accepted; larger gets 431.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Upstream pool idle timeout: shorter than Node's 5 s keep-alive, the most common backend default.
@@ -379,6 +383,9 @@ pub struct GroupConfig {
     /// then closed (nginx `proxy_read_timeout`).
     #[serde(with = "secs")]
     pub read_timeout: Duration,
+    /// Longest time an upgraded connection (WebSocket) carries no byte either way.
+    #[serde(with = "secs")]
+    pub upgrade_idle_timeout: Duration,
     /// Overall deadline for a request including retries, up to response headers.
     #[serde(with = "secs")]
     pub deadline: Duration,
@@ -407,6 +414,7 @@ impl GroupConfig {
             connect_timeout: Duration::from_secs(1),
             try_timeout: Duration::from_secs(30),
             read_timeout: DEFAULT_READ_TIMEOUT,
+            upgrade_idle_timeout: DEFAULT_UPGRADE_IDLE_TIMEOUT,
             deadline: Duration::from_secs(60),
             degraded_alert_after: Duration::from_secs(300),
             pool: PoolConfig::default(),

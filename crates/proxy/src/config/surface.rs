@@ -116,6 +116,7 @@ pub(crate) struct Group {
     pub connect_timeout: Option<S<Dur>>,
     pub try_timeout: Option<S<Dur>>,
     pub read_timeout: Option<S<Dur>>,
+    pub upgrade_idle_timeout: Option<S<Dur>>,
     pub deadline: Option<S<Dur>>,
     pub degraded_alert_after: Option<S<Dur>>,
     pub pool: Option<Pool>,

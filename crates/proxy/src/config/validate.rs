@@ -516,6 +516,11 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
     m.connect_timeout = cx.positive(&g.connect_timeout, m.connect_timeout, "connect_timeout");
     m.try_timeout = cx.positive(&g.try_timeout, m.try_timeout, "try_timeout");
     m.read_timeout = cx.positive(&g.read_timeout, m.read_timeout, "read_timeout");
+    m.upgrade_idle_timeout = cx.positive(
+        &g.upgrade_idle_timeout,
+        m.upgrade_idle_timeout,
+        "upgrade_idle_timeout",
+    );
     m.deadline = cx.positive(&g.deadline, m.deadline, "deadline");
     let deadline_span = span_of(&g.deadline);
     cx.not_after(

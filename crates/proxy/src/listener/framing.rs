@@ -6,6 +6,11 @@
 //! (request smuggling). The check follows message boundaries (heads, fixed bodies, chunked
 //! bodies) and holds each head back until it is validated; a violation turns the stream into
 //! bytes hyper cannot parse, so hyper answers 400 and closes, and the request never exists.
+//!
+//! After an HTTP/1.1 request that asks for an upgrade (an `Upgrade` header, as hyper decides)
+//! the check holds every later byte until the handler says how it ended: switched (the `101`
+//! was relayed: the rest is the upgraded protocol's, passed through unchecked) or refused
+//! (the bytes are the next HTTP request, checked as usual). See `crate::upgrade`.
 
 use bytes::BytesMut;
 
@@ -31,8 +36,11 @@ enum State {
     ChunkData(u64),
     ChunkCrlf(u8),
     Trailer,
-    /// Not checked any more: an over-size head (hyper answers 431) or after a refusal.
+    /// Not checked any more: an over-size head (hyper answers 431), after a refusal, or
+    /// after a switch of protocols.
     Passthrough,
+    /// After a request that asked for an upgrade: input is held until the outcome is known.
+    AwaitUpgrade,
 }
 
 /// The framing state of one downstream HTTP/1 connection.
@@ -46,6 +54,8 @@ pub struct Framer {
     msg_start: Option<usize>,
     /// A head with a request target too long for hyper went through (it answers 414).
     long_target: bool,
+    /// The message being checked asked for an upgrade: once it ends, wait for the outcome.
+    upgrade_after: bool,
 }
 
 impl Framer {
@@ -58,6 +68,50 @@ impl Framer {
             max_head,
             msg_start: None,
             long_target: false,
+            upgrade_after: false,
+        }
+    }
+
+    /// A request that asked for an upgrade has been passed on whole, and what follows it is
+    /// held until [`Framer::upgrade_decided`].
+    pub fn awaiting_upgrade(&self) -> bool {
+        self.state == State::AwaitUpgrade
+    }
+
+    /// The largest request head it passes on.
+    pub fn max_head(&self) -> usize {
+        self.max_head
+    }
+
+    /// Bytes held back (an incomplete head or line, or input after an upgrade request).
+    pub fn held(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The upgrade request's outcome: `switched` passes every held and later byte through
+    /// unchecked; otherwise the held bytes are checked as the next request.
+    pub fn upgrade_decided(&mut self, switched: bool, out: &mut BytesMut) -> Result<(), Refused> {
+        if self.state != State::AwaitUpgrade {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.pending);
+        self.msg_start = None;
+        if switched {
+            self.state = State::Passthrough;
+            out.extend_from_slice(&held);
+            Ok(())
+        } else {
+            self.state = State::Head;
+            self.feed_inner(&held, out)
+        }
+    }
+
+    /// The state after a message ends.
+    fn end_of_message(&mut self) -> State {
+        if std::mem::take(&mut self.upgrade_after) {
+            State::AwaitUpgrade
+        } else {
+            State::Head
         }
     }
 
@@ -85,6 +139,10 @@ impl Framer {
                     out.extend_from_slice(input);
                     return Ok(());
                 }
+                State::AwaitUpgrade => {
+                    self.pending.extend_from_slice(input);
+                    return Ok(());
+                }
                 State::Head => {
                     self.pending.extend_from_slice(input);
                     input = &[];
@@ -98,14 +156,15 @@ impl Framer {
                             }
                             return Ok(());
                         }
-                        HeadStatus::Complete(n, body, target_len) => {
+                        HeadStatus::Complete(n, body, target_len, upgrade) => {
                             self.long_target |= target_len > MAX_TARGET;
                             self.msg_start = Some(out.len());
                             out.extend_from_slice(&self.pending[..n]);
                             let rest = self.pending.split_off(n);
                             self.pending.clear();
+                            self.upgrade_after = upgrade;
                             self.state = match body {
-                                BodyKind::None => State::Head,
+                                BodyKind::None => self.end_of_message(),
                                 BodyKind::Length(len) => State::Body(len),
                                 BodyKind::Chunked => State::ChunkLine,
                             };
@@ -120,7 +179,7 @@ impl Framer {
                     out.extend_from_slice(&input[..n]);
                     input = &input[n..];
                     self.state = if left == n as u64 {
-                        State::Head
+                        self.end_of_message()
                     } else {
                         State::Body(left - n as u64)
                     };
@@ -152,7 +211,7 @@ impl Framer {
                             State::ChunkData(size)
                         };
                     } else if line.len() == 2 {
-                        self.state = State::Head;
+                        self.state = self.end_of_message();
                     } else {
                         self.trailer_bytes += line.len();
                         if self.trailer_bytes > MAX_TRAILERS || !line.contains(&b':') {
@@ -202,8 +261,8 @@ impl Framer {
 
 enum HeadStatus {
     Partial,
-    /// Head length, body framing, request-target length.
-    Complete(usize, BodyKind, usize),
+    /// Head length, body framing, request-target length, whether it asks for an upgrade.
+    Complete(usize, BodyKind, usize, bool),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -232,6 +291,13 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
     let http10 = req.version == Some(0);
     let target_len = req.path.map_or(0, str::len);
     let (mut cl, mut te, mut hosts) = (Vec::new(), Vec::new(), 0);
+    // As hyper decides: an `Upgrade` header on an HTTP/1.1 request (CONNECT, which hyper
+    // also counts, is refused by the handler and never switches).
+    let upgrade = req.version == Some(1)
+        && req
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             cl.push(h.value);
@@ -264,7 +330,12 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
         if !v.trim_matches([' ', '\t']).eq_ignore_ascii_case("chunked") {
             return Err(Refused("Transfer-Encoding other than a single chunked"));
         }
-        return Ok(HeadStatus::Complete(n, BodyKind::Chunked, target_len));
+        return Ok(HeadStatus::Complete(
+            n,
+            BodyKind::Chunked,
+            target_len,
+            upgrade,
+        ));
     }
     if let Some(v) = cl.first() {
         let v = trim_ows(v);
@@ -283,9 +354,10 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
                 BodyKind::Length(len)
             },
             target_len,
+            upgrade,
         ));
     }
-    Ok(HeadStatus::Complete(n, BodyKind::None, target_len))
+    Ok(HeadStatus::Complete(n, BodyKind::None, target_len, upgrade))
 }
 
 fn trim_ows(v: &[u8]) -> &[u8] {
@@ -394,6 +466,57 @@ mod tests {
         f.feed(b"\r\n", &mut out).unwrap();
         assert_eq!(&out[..], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
         assert!(!f.head_in_progress());
+    }
+
+    #[test]
+    fn bytes_after_an_upgrade_request_are_held_until_the_outcome() {
+        let up: &[u8] =
+            b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+        // Bytes of the new protocol: not HTTP at all.
+        let frame: &[u8] = b"\x81\x85\x00\x00\x00\x00hello";
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        f.feed(&[up, frame].concat(), &mut out).unwrap();
+        assert_eq!(&out[..], up, "only the request goes to hyper");
+        assert!(f.awaiting_upgrade());
+        assert_eq!(f.held(), frame.len());
+        out.clear();
+        f.upgrade_decided(true, &mut out).unwrap();
+        assert_eq!(&out[..], frame);
+        out.clear();
+        f.feed(b"\x00\xffanything", &mut out).unwrap();
+        assert_eq!(
+            &out[..],
+            b"\x00\xffanything",
+            "switched: passed through unchecked"
+        );
+    }
+
+    #[test]
+    fn a_refused_upgrade_checks_what_follows_as_http() {
+        let up: &[u8] =
+            b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+        let next: &[u8] = b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n";
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        f.feed(&[up, next].concat(), &mut out).unwrap();
+        assert_eq!(&out[..], up);
+        out.clear();
+        f.upgrade_decided(false, &mut out).unwrap();
+        assert_eq!(&out[..], next);
+        assert!(!f.awaiting_upgrade());
+        // Held bytes that are not HTTP are refused once the upgrade was refused.
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        f.feed(&[up, b"\x81\x85junk\r\n\r\n"].concat(), &mut out)
+            .unwrap();
+        assert!(f.upgrade_decided(false, &mut out).is_err());
+        // HTTP/1.0 cannot upgrade (hyper ignores its Upgrade header): nothing is held.
+        let mut f = Framer::new(8192);
+        let mut out = BytesMut::new();
+        let old: &[u8] = b"GET / HTTP/1.0\r\nUpgrade: websocket\r\n\r\n";
+        f.feed(&[old, next].concat(), &mut out).unwrap();
+        assert_eq!(&out[..], [old, next].concat().as_slice());
     }
 
     #[test]

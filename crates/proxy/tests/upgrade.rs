@@ -1,0 +1,382 @@
+//! WebSocket through upkeep, on the wire with real clients and servers: the Python
+//! `websockets` package on both sides (`tests/upgrade/*.py`), Node's HTTP/2 client for
+//! RFC 8441. Covers docs/protocols.md "WebSocket and other upgrades".
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use upkeep_proxy::access_log::AccessLogger;
+use upkeep_proxy::config::AccessLog;
+use upkeep_proxy::server::{start_with, Control, Running};
+
+const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
+
+/// Whether python3 with `websockets` is here; outside CI a missing one skips the test.
+async fn have_websockets() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import websockets.asyncio.client"])
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if !ok {
+        // .ci/run installs it; there a missing package is a failure, not a skip.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 websockets is installed by .ci/run"
+        );
+        eprintln!("skipped: python3 websockets is not installed");
+    }
+    ok
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("upkeep-upgrade-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `websockets` echo server; killed on drop. `lines` collects one JSON line per
+/// connection it saw end.
+struct EchoServer {
+    _child: Child,
+    addr: SocketAddr,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl EchoServer {
+    async fn start() -> EchoServer {
+        let mut child = Command::new("python3")
+            .arg(format!("{SCRIPTS}/ws_echo_server.py"))
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 starts");
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let port: u16 = tokio::time::timeout(Duration::from_secs(10), out.next_line())
+            .await
+            .expect("echo server prints its port")
+            .unwrap()
+            .expect("a port line")
+            .trim()
+            .parse()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = out.next_line().await {
+                if let Ok(v) = serde_json::from_str(&l) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        EchoServer {
+            _child: child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            lines,
+        }
+    }
+
+    /// Waits (bounded) until the server has seen `n` connections end.
+    async fn ended(&self, n: usize) -> Vec<Value> {
+        for _ in 0..100 {
+            if self.lines.lock().unwrap().len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+/// Runs the `websockets` client; its last stdout line, parsed.
+async fn ws_client(args: &[&str]) -> Value {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new("python3")
+            .arg(format!("{SCRIPTS}/ws_client.py"))
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("client finished in time")
+    .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!(
+            "client output: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Starts upkeep in-process in front of `backend`, with its access log in `log`.
+async fn upkeep(backend: SocketAddr, log: &Path, top: &str, group: &str) -> Running {
+    upkeep_test_support::init_tracing();
+    let toml = format!(
+        "access_log = \"{}\"\n{top}\n{}",
+        log.display(),
+        support::one_group(&[backend], group)
+    );
+    let cfg = upkeep_proxy::config::parse(Path::new("test.toml"), &toml)
+        .unwrap_or_else(|e| panic!("test config: {e}"));
+    let logger = AccessLogger::start(&AccessLog::File(log.to_owned())).unwrap();
+    start_with(cfg, None, logger).await.expect("upkeep starts")
+}
+
+fn log_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits (bounded) until the access log has `n` lines.
+async fn wait_log(path: &Path, n: usize) -> Vec<Value> {
+    for _ in 0..100 {
+        let lines = log_lines(path);
+        if lines.len() >= n {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    log_lines(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_echo_of_1000_messages_each_way_with_close_codes_relayed_and_counted() {
+    if !have_websockets().await {
+        return;
+    }
+    let dir = Dir::new("echo");
+    let server = EchoServer::start().await;
+    let log = dir.path("access.log");
+    let up = upkeep(server.addr, &log, "", "").await;
+    let url = format!("ws://{}/chat", up.listeners[0]);
+
+    let r = ws_client(&[&url, "echo", "500"]).await;
+    assert_eq!(r["ok"], true, "every echo came back in order: {r}");
+    assert_eq!(r["messages"], 1000);
+    // The server's close frame (code and reason) reached the client.
+    assert_eq!(
+        r["server_close"],
+        serde_json::json!({"code": 4001, "reason": "server says bye"})
+    );
+    // And the client's reached the server, on a connection that echoed 1,000 messages.
+    let seen = server.ended(2).await;
+    let chat = seen
+        .iter()
+        .find(|v| v["echoed"] == 1000)
+        .unwrap_or_else(|| panic!("{seen:?}"));
+    assert_eq!(chat["code"], 4002, "{chat}");
+    assert_eq!(chat["reason"], "client says bye");
+    assert_eq!(chat["path"], "/chat");
+    assert_eq!(chat["upgrade"], "websocket");
+
+    // Counted: two upgraded connections that both closed, their bytes both ways, none open.
+    let payload = r["payload_bytes"].as_u64().unwrap() as f64;
+    let lines = wait_log(&log, 2).await;
+    assert_eq!(
+        lines.len(),
+        2,
+        "one access-log line per upgraded connection"
+    );
+    for l in &lines {
+        assert_eq!(l["status"], 101, "{l}");
+        assert_eq!(l["incomplete"], false, "{l}");
+        assert_eq!(l["cause"], Value::Null, "{l}");
+    }
+    let logged = |k: &str| lines.iter().map(|l| l[k].as_u64().unwrap()).sum::<u64>() as f64;
+    let (bytes_in, bytes_out) = (logged("bytes_in"), logged("bytes_out"));
+    // Client frames carry a 6-byte header at least (masked), server frames 2.
+    assert!(
+        bytes_in >= payload + 6.0 * 1000.0,
+        "{bytes_in} in, {payload} payload"
+    );
+    assert!(bytes_out >= payload + 2.0 * 1000.0, "{bytes_out} out");
+    assert!(bytes_in < payload * 1.2 + 20_000.0 && bytes_out < payload * 1.2 + 20_000.0);
+    let metric_in = support::metric(&up, "upkeep_upgraded_bytes_total{direction=\"in\"}").await;
+    let metric_out = support::metric(&up, "upkeep_upgraded_bytes_total{direction=\"out\"}").await;
+    assert_eq!((metric_in, metric_out), (bytes_in, bytes_out));
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_total{end=\"closed\"}").await,
+        2.0
+    );
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_open").await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_upgrade_is_relayed_as_it_is_and_the_connection_goes_on_as_http() {
+    if !have_websockets().await {
+        return;
+    }
+    let dir = Dir::new("refused");
+    let server = EchoServer::start().await;
+    let log = dir.path("access.log");
+    let up = upkeep(server.addr, &log, "", "").await;
+    let r = ws_client(&[&format!("ws://{}/refuse", up.listeners[0]), "refused"]).await;
+    assert_eq!(r["status"], 403, "{r}");
+    assert_eq!(r["body"], "upgrade refused here\n");
+
+    // On one connection: the refused upgrade, then a plain request right behind it. The
+    // second is checked as HTTP and answered on the same connection.
+    let mut s = tokio::net::TcpStream::connect(up.listeners[0])
+        .await
+        .unwrap();
+    s.write_all(
+        b"GET /refuse HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n\
+          GET /plain HTTP/1.1\r\nHost: a.test\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read_both = async {
+        while String::from_utf8_lossy(&got).matches("HTTP/1.1 ").count() < 2
+            || !String::from_utf8_lossy(&got).contains("upgrade refused here")
+        {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_both)
+        .await
+        .expect("two answers in time");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 403 "), "{text}");
+    // The websockets server answers a plain GET with 426 Upgrade Required.
+    assert!(text.contains("HTTP/1.1 426 "), "{text}");
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_open").await,
+        0.0
+    );
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_total").await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_upgraded_connection_is_closed_at_upgrade_idle_timeout_and_counted_while_open() {
+    if !have_websockets().await {
+        return;
+    }
+    let dir = Dir::new("idle");
+    let server = EchoServer::start().await;
+    let log = dir.path("access.log");
+    let up = upkeep(server.addr, &log, "", "upgrade_idle_timeout = \"700ms\"").await;
+    let url = format!("ws://{}/idle", up.listeners[0]);
+    let client = tokio::spawn(async move { ws_client(&[&url, "hold"]).await });
+    // While it is open it is counted.
+    let mut open = 0.0;
+    for _ in 0..100 {
+        open = support::metric(&up, "upkeep_upgraded_connections_open").await;
+        if open == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open, 1.0, "the open upgraded connection is counted");
+    let r = client.await.unwrap();
+    assert_eq!(r["how"], "closed", "{r}");
+    let after = r["after_s"].as_f64().unwrap();
+    assert!(
+        (0.5..6.0).contains(&after),
+        "closed after {after} s of silence"
+    );
+    let lines = wait_log(&log, 1).await;
+    assert_eq!(lines[0]["status"], 101);
+    assert_eq!(lines[0]["cause"], "upgrade_idle_timeout", "{}", lines[0]);
+    assert_eq!(
+        support::metric(
+            &up,
+            "upkeep_upgraded_connections_total{end=\"idle_timeout\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        support::metric(&up, "upkeep_timeouts_total{timeout=\"upgrade_idle\"}").await,
+        1.0
+    );
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_open").await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_an_upgraded_connection_after_shutdown_timeout_and_logs_it() {
+    if !have_websockets().await {
+        return;
+    }
+    let dir = Dir::new("shutdown");
+    let server = EchoServer::start().await;
+    let log = dir.path("access.log");
+    let up = upkeep(
+        server.addr,
+        &log,
+        "[lifecycle]\ndrain_delay = \"0s\"\nshutdown_timeout = \"1500ms\"\n",
+        "",
+    )
+    .await;
+    let url = format!("ws://{}/stay", up.listeners[0]);
+    let client = tokio::spawn(async move { ws_client(&[&url, "hold"]).await });
+    for _ in 0..100 {
+        if support::metric(&up, "upkeep_upgraded_connections_open").await == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let began = std::time::Instant::now();
+    up.control(Control::Terminate);
+    tokio::time::timeout(Duration::from_secs(10), up.wait())
+        .await
+        .expect("upkeep shuts down");
+    let r = client.await.unwrap();
+    assert_eq!(r["how"], "closed", "{r}");
+    let after = began.elapsed().as_secs_f64();
+    assert!(
+        (1.2..8.0).contains(&after),
+        "closed {after} s after shutdown began (shutdown_timeout 1.5 s)"
+    );
+    // The line is in the file when upkeep has exited.
+    let lines = log_lines(&log);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["status"], 101);
+    assert_eq!(lines[0]["cause"], "shutdown");
+    assert!(lines[0]["bytes_in"].as_u64().unwrap() > 0);
+}
