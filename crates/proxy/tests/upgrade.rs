@@ -380,3 +380,67 @@ async fn shutdown_closes_an_upgraded_connection_after_shutdown_timeout_and_logs_
     assert_eq!(lines[0]["cause"], "shutdown");
     assert!(lines[0]["bytes_in"].as_u64().unwrap() > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server() {
+    if !have_websockets().await {
+        return;
+    }
+    let node_ok = Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if !node_ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "node is installed by .ci/run"
+        );
+        eprintln!("skipped: node is not installed");
+        return;
+    }
+    let dir = Dir::new("h2");
+    let server = EchoServer::start().await;
+    let log = dir.path("access.log");
+    let up = upkeep(server.addr, &log, "", "").await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        Command::new("node")
+            .arg(format!("{SCRIPTS}/h2_ws_client.js"))
+            .arg(up.listeners[0].port().to_string())
+            .arg("/over-h2")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("node finished in time")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)));
+    // RFC 8441 §5: 200 on the stream, no HTTP/1.1 handshake headers.
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(r["accept"], Value::Null, "{r}");
+    assert_eq!(r["echo"], "hello over h2", "{r}");
+    assert_eq!(r["close_code"], 4003, "{r}");
+    assert_eq!(r["close_reason"], "h2 bye");
+    // The backend saw an HTTP/1.1 WebSocket handshake and the client's close.
+    let seen = server.ended(1).await;
+    assert_eq!(seen[0]["path"], "/over-h2", "{seen:?}");
+    assert_eq!(seen[0]["upgrade"], "websocket");
+    assert_eq!(seen[0]["code"], 4003);
+    let lines = wait_log(&log, 1).await;
+    assert_eq!(lines[0]["proto"], "HTTP/2", "{}", lines[0]);
+    assert_eq!(lines[0]["status"], 200);
+    assert!(lines[0]["bytes_in"].as_u64().unwrap() >= 19 + 14);
+    // Node resets the stream as it closes the session, so the end may be `closed` or `error`.
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_total").await,
+        1.0
+    );
+    assert_eq!(
+        support::metric(&up, "upkeep_upgraded_connections_open").await,
+        0.0
+    );
+}
