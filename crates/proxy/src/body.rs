@@ -59,6 +59,9 @@ pub enum ReqBody {
     Empty,
     /// The client's body.
     Stream(Box<StreamBody>),
+    /// The client's body behind `Expect: 100-continue`: not read until the upstream asks for
+    /// it (`crate::expect`).
+    Gated(Box<StreamBody>, crate::expect::Waiter),
 }
 
 /// The client's body on its way upstream, with its silence timer.
@@ -90,11 +93,35 @@ impl ReqBody {
         }))
     }
 
+    /// The client's body, none of it read yet, sent only once the upstream asks for it
+    /// (`Expect: 100-continue`, see `crate::expect`).
+    pub fn gated(rest: Incoming, seen: Arc<AtomicU64>, timeout: Duration) -> Self {
+        ReqBody::Gated(
+            Box::new(StreamBody {
+                first: None,
+                rest,
+                seen,
+                timeout,
+                silence: Silence::default(),
+                progress: Arc::new(SendProgress::new()),
+            }),
+            crate::expect::Waiter::new(),
+        )
+    }
+
     /// How the sending is going (`None` without a body).
     pub fn progress(&self) -> Option<Arc<SendProgress>> {
         match self {
             ReqBody::Empty => None,
-            ReqBody::Stream(s) => Some(s.progress.clone()),
+            ReqBody::Stream(s) | ReqBody::Gated(s, _) => Some(s.progress.clone()),
+        }
+    }
+
+    /// The `Expect: 100-continue` gate of a gated body.
+    pub fn gate(&self) -> Option<Arc<crate::expect::Gate>> {
+        match self {
+            ReqBody::Gated(_, w) => Some(w.gate()),
+            _ => None,
         }
     }
 }
@@ -107,47 +134,54 @@ impl Body for ReqBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ReqBody::Empty => Poll::Ready(None),
-            ReqBody::Stream(s) => {
-                let frame = match s.first.take() {
-                    Some(f) => Some(Ok(f)),
-                    None => match Pin::new(&mut s.rest).poll_frame(cx) {
-                        Poll::Ready(f) => f.map(|r| r.map_err(BoxError::from)),
-                        Poll::Pending => {
-                            s.progress.waiting_for_client();
-                            if s.silence.poll_expired(cx, s.timeout) {
-                                return Poll::Ready(Some(Err(ClientBodyTimeout(s.timeout).into())));
-                            }
-                            return Poll::Pending;
-                        }
-                    },
-                };
-                s.silence.progress();
-                s.progress.handed_over();
-                if let Some(d) = frame
-                    .as_ref()
-                    .and_then(|f| f.as_ref().ok())
-                    .and_then(|f| f.data_ref())
-                {
-                    s.seen.fetch_add(d.len() as u64, Ordering::Relaxed);
+        let s = match self.get_mut() {
+            ReqBody::Empty => return Poll::Ready(None),
+            ReqBody::Stream(s) => s,
+            ReqBody::Gated(s, waiter) => {
+                if let Err(e) = ready!(waiter.poll_open(cx)) {
+                    return Poll::Ready(Some(Err(e)));
                 }
-                Poll::Ready(frame)
+                s
             }
+        };
+        let frame = match s.first.take() {
+            Some(f) => Some(Ok(f)),
+            None => match Pin::new(&mut s.rest).poll_frame(cx) {
+                Poll::Ready(f) => f.map(|r| r.map_err(BoxError::from)),
+                Poll::Pending => {
+                    s.progress.waiting_for_client();
+                    if s.silence.poll_expired(cx, s.timeout) {
+                        return Poll::Ready(Some(Err(ClientBodyTimeout(s.timeout).into())));
+                    }
+                    return Poll::Pending;
+                }
+            },
+        };
+        s.silence.progress();
+        s.progress.handed_over();
+        if let Some(d) = frame
+            .as_ref()
+            .and_then(|f| f.as_ref().ok())
+            .and_then(|f| f.data_ref())
+        {
+            s.seen.fetch_add(d.len() as u64, Ordering::Relaxed);
         }
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ReqBody::Empty => true,
-            ReqBody::Stream(s) => s.first.is_none() && s.rest.is_end_stream(),
+            ReqBody::Stream(s) | ReqBody::Gated(s, _) => {
+                s.first.is_none() && s.rest.is_end_stream()
+            }
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ReqBody::Empty => SizeHint::with_exact(0),
-            ReqBody::Stream(s) => {
+            ReqBody::Stream(s) | ReqBody::Gated(s, _) => {
                 let h = s.rest.size_hint();
                 let n = s
                     .first

@@ -8,6 +8,7 @@ pub mod boundary;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod expect;
 pub mod headers;
 pub mod limits;
 pub mod listener;

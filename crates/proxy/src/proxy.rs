@@ -142,12 +142,9 @@ pub async fn handle(
         _in_flight: in_flight,
     };
     // An upgraded connection logs its line when it ends, with the bytes it carried.
-    if let Some(done) = crate::upgrade::finish(
-        &ctx.activity.upgrade,
-        asks_upgrade,
-        &mut resp,
-        Box::new(done),
-    ) {
+    let done = crate::expect::on_done(&mut resp, Box::new(done));
+    if let Some(done) = crate::upgrade::finish(&ctx.activity.upgrade, asks_upgrade, &mut resp, done)
+    {
         resp.body_mut().on_done(done);
     }
     Ok(resp)
@@ -435,6 +432,13 @@ async fn forward(
     // with 400 before any upstream sees the request.
     let body = if body.is_end_stream() {
         None
+    } else if crate::expect::expects_continue(parts.version, &headers) {
+        // The upstream decides whether the client uploads: nothing is read before it asks.
+        Some(ReqBody::gated(
+            body,
+            bytes_in.clone(),
+            ctx.listener.client_body_timeout,
+        ))
     } else {
         let mut body = body;
         let timeout = ctx.listener.client_body_timeout;
@@ -629,9 +633,10 @@ async fn attempt(
                 }
             }
         };
-        let Some(req) = out.build() else {
+        let Some(mut req) = out.build() else {
             return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
         };
+        let gate = crate::expect::prepare(&mut req);
         let reused = conn.is_reused();
         let (w0, r0) = (conn.written(), conn.read());
         let progress = req.body().progress();
@@ -643,7 +648,10 @@ async fn attempt(
                 let written = conn.written() > w0;
                 return Err(ProxyError::new(Kind::Timeout).on_peer(peer.addr(), reused, written));
             }
-            Ok(Ok(resp)) => return Ok(upstream_response(resp, group, conn)),
+            Ok(Ok(resp)) => {
+                let resp = crate::expect::on_response(gate.as_ref(), resp);
+                return Ok(upstream_response(resp, group, conn));
+            }
             Ok(Err(mut e)) => {
                 if let Some(req) = e.take_message() {
                     out.restore(req);

@@ -1,0 +1,181 @@
+//! `Expect: 100-continue` is the backend's to answer: curl (HTTP/1.1 and HTTP/2) through
+//! upkeep to Python's http.server (`tests/expect/backend.py`), which sends its own `100` or
+//! refuses before the upload. See docs/protocols.md "Expect: 100-continue".
+//!
+//! The refusals are 401 and 413: on a 417 curl sends the request again (and again, when the
+//! `Expect` header is its user's), which is curl's reading of 417, not the relay under test.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BACKEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/expect/backend.py");
+
+/// The backend; killed on drop. `lines` has one JSON line per request it handled.
+struct Backend {
+    _child: Child,
+    addr: SocketAddr,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Backend {
+    async fn start() -> Backend {
+        let mut child = Command::new("python3")
+            .arg(BACKEND)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 starts");
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let port: u16 = tokio::time::timeout(Duration::from_secs(10), out.next_line())
+            .await
+            .expect("backend prints its port")
+            .unwrap()
+            .expect("a port line")
+            .trim()
+            .parse()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = out.next_line().await {
+                if let Ok(v) = serde_json::from_str(&l) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        Backend {
+            _child: child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            lines,
+        }
+    }
+
+    /// The line of the request to `path` (bounded wait).
+    async fn seen(&self, path: &str) -> Value {
+        for _ in 0..100 {
+            if let Some(v) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|v| v["path"] == path)
+            {
+                return v.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "the backend saw no request to {path}: {:?}",
+            self.lines.lock().unwrap()
+        );
+    }
+}
+
+/// curl with `Expect: 100-continue` posting `size` bytes; (stdout, verbose stderr).
+async fn curl_post(proto: &str, url: &str, size: usize) -> (String, String) {
+    let file = std::env::temp_dir().join(format!("upkeep-expect-{}-{size}", std::process::id()));
+    std::fs::write(&file, vec![b'x'; size]).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        Command::new("curl")
+            .args([
+                "-sS",
+                "-v",
+                proto,
+                "-H",
+                "Expect: 100-continue",
+                "--data-binary",
+            ])
+            .arg(format!("@{}", file.display()))
+            .arg(url)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("curl finished in time")
+    .expect("curl runs");
+    let _ = std::fs::remove_file(&file);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http1_the_backends_100_reaches_curl_and_the_upload_follows() {
+    let backend = Backend::start().await;
+    let up = support::upkeep(&support::one_group(&[backend.addr], "")).await;
+    let url = format!("http://{}/upload", up.listeners[0]);
+    let (body, verbose) = curl_post("--http1.1", &url, 200_000).await;
+    assert_eq!(body, "got 200000\n", "{verbose}");
+    assert!(verbose.contains("< HTTP/1.1 100 Continue"), "{verbose}");
+    assert!(
+        !verbose.contains("Done waiting for 100-continue"),
+        "curl fell back to sending without the 100: {verbose}"
+    );
+    let seen = backend.seen("/upload").await;
+    assert_eq!(
+        seen["expect"], "100-continue",
+        "the backend was asked: {seen}"
+    );
+    assert_eq!(seen["received"], 200_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http1_a_backend_refusal_reaches_curl_before_any_byte_of_the_upload() {
+    let backend = Backend::start().await;
+    let up = support::upkeep(&support::one_group(&[backend.addr], "")).await;
+    for (path, size, status) in [("/refuse", 50_000, 401), ("/too-big", 2_000_000, 413)] {
+        let url = format!("http://{}{path}", up.listeners[0]);
+        let (body, verbose) = curl_post("--http1.1", &url, size).await;
+        assert!(
+            verbose.contains(&format!("< HTTP/1.1 {status} ")),
+            "{verbose}"
+        );
+        assert_eq!(body, "not this one\n", "{verbose}");
+        assert!(!verbose.contains("100 Continue"), "{verbose}");
+        let seen = backend.seen(path).await;
+        assert_eq!(seen["status"], status);
+        assert_eq!(
+            seen["body_after_refusal"], 0,
+            "no byte of the body went upstream after the refusal: {seen}"
+        );
+    }
+    // Upstream connections that carried a refusal are not reused: the next upload works.
+    let (body, _) = curl_post(
+        "--http1.1",
+        &format!("http://{}/after", up.listeners[0]),
+        10,
+    )
+    .await;
+    assert_eq!(body, "got 10\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_a_backend_refusal_reaches_curl_before_the_upload_and_an_accepted_upload_completes(
+) {
+    let backend = Backend::start().await;
+    let up = support::upkeep(&support::one_group(&[backend.addr], "")).await;
+    let url = format!("http://{}/refuse-h2", up.listeners[0]);
+    let (body, verbose) = curl_post("--http2-prior-knowledge", &url, 50_000).await;
+    assert!(verbose.contains("< HTTP/2 401"), "{verbose}");
+    // curl stops its stream at the 401's head (it ends a stream that declared 50,000 bytes
+    // after none, which HTTP/2 resets as malformed), so the refusal's body may not reach it.
+    let _ = body;
+    let seen = backend.seen("/refuse-h2").await;
+    assert_eq!(seen["expect"], "100-continue");
+    assert_eq!(seen["body_after_refusal"], 0, "{seen}");
+    // Accepted: the backend's 100 opens the way upstream and the upload goes through.
+    let url = format!("http://{}/upload-h2", up.listeners[0]);
+    let (body, verbose) = curl_post("--http2-prior-knowledge", &url, 100_000).await;
+    assert_eq!(body, "got 100000\n", "{verbose}");
+    assert_eq!(backend.seen("/upload-h2").await["received"], 100_000);
+}
