@@ -17,6 +17,11 @@
 #                      built with `cargo build --release -p upkeep` when missing)
 #   NGINX, HAPROXY, WRK  binaries (default: from PATH, then /usr/sbin)
 #   BENCH_KEEP=1       keep the temporary directory (configs, logs, raw wrk output)
+#   BENCH_WS           WebSocket rows after the HTTP table, in order (default: ws-direct
+#                      ws-upkeep ws-nginx ws-haproxy; empty: none). A Python `websockets` echo
+#                      server behind each proxy, a Python client doing back-to-back echoes
+#                      (bench/ws.py); needs python3 with `websockets`
+#   BENCH_WS_CONNECTIONS  WebSocket connections (default 16)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=bench/lib.sh
@@ -311,3 +316,144 @@ echo
 echo "cpu_us: CPU microseconds (user + system) the proxy spent per request; for direct, the backend's."
 echo "ratios: rps/x > 1, p99/x < 1 and cpu/x < 1 mean better than x; each row compares with the"
 echo "nginx row that has the same access-log setting (upkeep-log with nginx-log)."
+
+# WebSocket echo round trips: one Python `websockets` echo server, reached directly and through
+# each proxy (upgrade forwarded, then a tunnel); the same Python client for every row.
+WS_TARGETS=${BENCH_WS-ws-direct ws-upkeep ws-nginx ws-haproxy}
+WS_CONNECTIONS=${BENCH_WS_CONNECTIONS:-16}
+if [[ -n $WS_TARGETS ]] && ! python3 -c "import websockets.asyncio.client" 2>/dev/null; then
+    echo "bench: WebSocket rows skipped: python3 with websockets is not installed (pip install websockets)"
+    WS_TARGETS=
+fi
+ws_seconds=$(awk -v d="$DURATION" 'BEGIN { n = d + 0; if (d ~ /m$/) n *= 60; print n }')
+declare -A ws_result=() ws_cpu=()
+if [[ -n $WS_TARGETS ]]; then
+    mkdir -p "$work/ws"
+    python3 "$repo/bench/ws.py" serve >"$work/ws/port" 2>"$work/ws/stderr" &
+    pids+=($!)
+    ws_pid=$!
+    for _ in $(seq 1 100); do [[ -s $work/ws/port ]] && break; sleep 0.1; done
+    ws_port=$(head -1 "$work/ws/port")
+    [[ -n $ws_port ]] || die "WebSocket echo server did not start (logs in $work/ws)"
+fi
+
+# ws_measure NAME PORT PID: a 1 s warm-up, then the measured run; CPU of PID per round trip.
+ws_measure() {
+    local name=$1 port=$2 pid=$3 out=$work/ws/$1.json c0 c1
+    python3 "$repo/bench/ws.py" load "ws://127.0.0.1:$port/" "$WS_CONNECTIONS" 1 >/dev/null
+    c0=$(cpu_ticks "$pid")
+    python3 "$repo/bench/ws.py" load "ws://127.0.0.1:$port/" "$WS_CONNECTIONS" "$ws_seconds" >"$out"
+    c1=$(cpu_ticks "$pid")
+    ws_result[$name]=$(cat "$out")
+    ws_cpu[$name]=$(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+n = r["round_trips"]
+print("%.1f" % (int(sys.argv[2]) / int(sys.argv[3]) * 1e6 / n) if n else "-")' "$out" $((c1 - c0)) "$TICKS_PER_SEC")
+}
+
+# wait_listen PORT: until something listens on PORT (the WebSocket rows have no plain GET).
+wait_listen() {
+    for _ in $(seq 1 100); do
+        kill -0 "${pids[-1]}" 2>/dev/null || die "a WebSocket target exited at start-up (logs in $work/)"
+        ss -Htln "( sport = :$1 )" | grep -q . && return 0
+        sleep 0.1
+    done
+    die "nothing listens on $1 after 10 s (logs in $work)"
+}
+
+for t in $WS_TARGETS; do
+    echo "bench: running $t" >&2
+    dir=$work/$t
+    mkdir -p "$dir"
+    case $t in
+    ws-direct)
+        ws_measure "$t" "$ws_port" "$ws_pid"
+        ;;
+    ws-upkeep)
+        free_port port
+        free_port admin
+        "$UPKEEP" serve --listen "127.0.0.1:$port" --to "http://127.0.0.1:$ws_port" \
+            --admin "127.0.0.1:$admin" --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
+        pids+=($!)
+        wait_listen "$port"
+        ws_measure "$t" "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        ;;
+    ws-nginx)
+        free_port port
+        {
+            nginx_common "$dir"
+            echo "worker_processes auto;"
+            echo "http {"
+            nginx_http_common "$dir"
+            cat <<EOF
+    access_log off;
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://127.0.0.1:$ws_port;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade \$http_upgrade;
+            proxy_set_header Connection "upgrade";
+            proxy_read_timeout 3600s;
+        }
+    }
+}
+EOF
+        } >"$dir/nginx.conf"
+        "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+        pids+=($!)
+        wait_listen "$port"
+        ws_measure "$t" "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        ;;
+    ws-haproxy)
+        free_port port
+        cat >"$dir/haproxy.cfg" <<EOF
+global
+    nbthread 2
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    timeout tunnel 1h
+
+frontend fe
+    bind 127.0.0.1:$port
+    default_backend be
+
+backend be
+    server b1 127.0.0.1:$ws_port
+EOF
+        "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
+        pids+=($!)
+        wait_listen "$port"
+        ws_measure "$t" "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        ;;
+    *) die "unknown WebSocket target $t" ;;
+    esac
+done
+
+ws_get() {
+    [[ -n $1 ]] || return 0
+    python3 -c 'import json, sys; print(round(json.loads(sys.argv[1])[sys.argv[2]], 3))' "$1" "$2"
+}
+if [[ -n $WS_TARGETS ]]; then
+    echo
+    echo "WebSocket echo: $WS_CONNECTIONS connections, 64-byte text messages back to back, ${ws_seconds}s"
+    printf '%-12s %12s %8s %8s %6s %7s %9s %9s\n' target round_trips/s p50_ms p99_ms errors cpu_us rt/nginx p99/nginx
+    ref=${ws_result[ws-nginx]:-}
+    for t in $WS_TARGETS; do
+        r=${ws_result[$t]}
+        printf '%-12s %12s %8s %8s %6s %7s %9s %9s\n' "$t" "$(ws_get "$r" per_s)" "$(ws_get "$r" p50_ms)" \
+            "$(ws_get "$r" p99_ms)" "$(ws_get "$r" errors)" "${ws_cpu[$t]}" \
+            "$(ratio "$(ws_get "$r" per_s)" "$(ws_get "$ref" per_s)")" \
+            "$(ratio "$(ws_get "$r" p99_ms)" "$(ws_get "$ref" p99_ms)")"
+    done
+    echo "cpu_us: CPU microseconds the proxy spent per round trip (ws-direct: the Python echo server's)."
+    echo "The Python client and server bound the rate; the rows show what each proxy adds."
+fi
