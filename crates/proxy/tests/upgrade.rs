@@ -137,12 +137,13 @@ async fn ws_client(args: &[&str]) -> Value {
 
 /// Starts upkeep in-process in front of `backend`, with its access log in `log`.
 async fn upkeep(backend: SocketAddr, log: &Path, top: &str, group: &str) -> Running {
+    upkeep_toml(&support::one_group(&[backend], group), log, top).await
+}
+
+/// Starts upkeep in-process from `config`, with its access log in `log` and `top` first.
+async fn upkeep_toml(config: &str, log: &Path, top: &str) -> Running {
     upkeep_test_support::init_tracing();
-    let toml = format!(
-        "access_log = \"{}\"\n{top}\n{}",
-        log.display(),
-        support::one_group(&[backend], group)
-    );
+    let toml = format!("access_log = \"{}\"\n{top}\n{config}", log.display());
     let cfg = upkeep_proxy::config::parse(Path::new("test.toml"), &toml)
         .unwrap_or_else(|e| panic!("test config: {e}"));
     let logger = AccessLogger::start(&AccessLog::File(log.to_owned())).unwrap();
@@ -386,39 +387,14 @@ async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server
     if !have_websockets().await {
         return;
     }
-    let node_ok = Command::new("node")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !node_ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "node is installed by .ci/run"
-        );
-        eprintln!("skipped: node is not installed");
+    if !have_node().await {
         return;
     }
     let dir = Dir::new("h2");
     let server = EchoServer::start().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
-    let out = tokio::time::timeout(
-        Duration::from_secs(20),
-        Command::new("node")
-            .arg(format!("{SCRIPTS}/h2_ws_client.js"))
-            .arg(up.listeners[0].port().to_string())
-            .arg("/over-h2")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("node finished in time")
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)));
+    let r = node_h2_client(up.listeners[0], "/over-h2", None).await;
     // RFC 8441 §5: 200 on the stream, no HTTP/1.1 handshake headers.
     assert_eq!(r["status"], 200, "{r}");
     assert_eq!(r["accept"], Value::Null, "{r}");
@@ -442,5 +418,93 @@ async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server
     assert_eq!(
         support::metric(&up, "upkeep_upgraded_connections_open").await,
         0.0
+    );
+}
+
+/// Whether Node.js is here; outside CI a missing one skips the test.
+async fn have_node() -> bool {
+    let ok = Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "node is installed by .ci/run"
+        );
+        eprintln!("skipped: node is not installed");
+    }
+    ok
+}
+
+/// Node's http2 client opening a WebSocket with an extended CONNECT (over TLS with `ca`).
+async fn node_h2_client(addr: SocketAddr, path: &str, ca: Option<&Path>) -> Value {
+    let mut cmd = Command::new("node");
+    cmd.arg(format!("{SCRIPTS}/h2_ws_client.js"))
+        .arg(addr.port().to_string())
+        .arg(path)
+        .kill_on_drop(true);
+    if let Some(ca) = ca {
+        cmd.arg(ca);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
+        .await
+        .expect("node finished in time")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
+    if !have_websockets().await || !have_node().await {
+        return;
+    }
+    let dir = Dir::new("tls");
+    let cert = rcgen::generate_simple_self_signed(vec!["upkeep.test".to_owned()]).unwrap();
+    std::fs::write(dir.path("cert.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.path("key.pem"), cert.signing_key.serialize_pem()).unwrap();
+    let server = EchoServer::start().await;
+    let log = dir.path("access.log");
+    let config = support::one_group(&[server.addr], "").replace(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\ntls = {{ cert = \"{}\", key = \"{}\" }}\n",
+            dir.path("cert.pem").display(),
+            dir.path("key.pem").display()
+        ),
+    );
+    let up = upkeep_toml(&config, &log, "").await;
+    // wss:// with HTTP/1.1 (the websockets client offers no ALPN).
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new("python3")
+            .arg(format!("{SCRIPTS}/ws_client.py"))
+            .args([&format!("wss://{}/secure", up.listeners[0]), "echo", "100"])
+            .env("WS_CA", dir.path("cert.pem"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("client finished in time")
+    .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["server_close"]["code"], 4001, "{r}");
+    // wss:// over HTTP/2 (ALPN h2, extended CONNECT): Node's client, as a browser does it.
+    let r = node_h2_client(up.listeners[0], "/secure-h2", Some(&dir.path("cert.pem"))).await;
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(r["echo"], "hello over h2", "{r}");
+    assert_eq!(r["close_code"], 4003, "{r}");
+    let lines = wait_log(&log, 3).await;
+    let protos: Vec<&str> = lines.iter().filter_map(|l| l["proto"].as_str()).collect();
+    assert!(
+        protos.contains(&"HTTP/1.1") && protos.contains(&"HTTP/2"),
+        "{protos:?}"
     );
 }

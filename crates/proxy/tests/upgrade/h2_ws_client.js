@@ -1,13 +1,14 @@
 // WebSocket over HTTP/2 (RFC 8441) with Node's own http2 client, for upkeep's upgrade tests.
-// usage: node h2_ws_client.js PORT PATH
+// usage: node h2_ws_client.js PORT PATH [CA_FILE]   (with CA_FILE: TLS, ALPN h2, name upkeep.test)
 // Waits for the server's SETTINGS_ENABLE_CONNECT_PROTOCOL, opens an extended CONNECT with
 // :protocol websocket, sends one masked text frame and a close frame (4003 "h2 bye"), and
 // prints one JSON line: the status, the echoed text, and the close frame the server sent back.
 'use strict';
 const http2 = require('http2');
 const crypto = require('crypto');
+const fs = require('fs');
 
-const [port, path] = process.argv.slice(2);
+const [port, path, ca] = process.argv.slice(2);
 const out = (o) => { console.log(JSON.stringify(o)); process.exit(0); };
 setTimeout(() => out({ error: 'timed out' }), 10000).unref();
 
@@ -18,14 +19,16 @@ function frame(opcode, payload) {
   return Buffer.concat([head, mask, body]);
 }
 
-const client = http2.connect(`http://127.0.0.1:${port}`);
+const client = ca
+  ? http2.connect(`https://127.0.0.1:${port}`, { ca: fs.readFileSync(ca), servername: 'upkeep.test' })
+  : http2.connect(`http://127.0.0.1:${port}`);
 client.on('error', (e) => out({ error: String(e) }));
 client.once('remoteSettings', (settings) => {
   if (!settings.enableConnectProtocol) return out({ error: 'no SETTINGS_ENABLE_CONNECT_PROTOCOL' });
   const req = client.request({
     ':method': 'CONNECT',
     ':protocol': 'websocket',
-    ':scheme': 'http',
+    ':scheme': ca ? 'https' : 'http',
     ':path': path,
     ':authority': 'a.test',
     'sec-websocket-version': '13',

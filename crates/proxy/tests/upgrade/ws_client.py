@@ -9,17 +9,24 @@ Prints one JSON line with what happened.
 """
 import asyncio
 import json
+import os
+import ssl
 import sys
 import time
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+# wss:// URLs: trust the CA in $WS_CA and check the name upkeep.test.
+TLS = {}
+if os.environ.get("WS_CA"):
+    TLS = {"ssl": ssl.create_default_context(cafile=os.environ["WS_CA"]), "server_hostname": "upkeep.test"}
+
 
 async def echo(url, n):
     # No compression: the byte counts checked are those of the messages as sent.
     async with connect(
-        url, ping_interval=None, max_size=None, open_timeout=5, close_timeout=5, compression=None
+        url, ping_interval=None, max_size=None, open_timeout=5, close_timeout=5, compression=None, **TLS
     ) as ws:
         texts = [f"message {i} " + "x" * (i % 50) for i in range(n)]
         blobs = [bytes([i % 256]) * (1 + i % 300) for i in range(n)]
@@ -34,7 +41,7 @@ async def echo(url, n):
         await ws.close(4002, "client says bye")
         close = ws.protocol.close_sent
         client_close = {"code": int(close.code), "reason": str(close.reason)}
-    async with connect(url, ping_interval=None, open_timeout=5, close_timeout=5) as ws:
+    async with connect(url, ping_interval=None, open_timeout=5, close_timeout=5, **TLS) as ws:
         await ws.send("close-me")
         try:
             await ws.recv()
