@@ -508,3 +508,70 @@ async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
         "{protos:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_sent_right_behind_the_upgrade_request_reach_the_backend_after_the_101() {
+    if !have_websockets().await {
+        return;
+    }
+    let dir = Dir::new("early");
+    let server = EchoServer::start().await;
+    let up = upkeep(server.addr, &dir.path("access.log"), "", "").await;
+    // One write: the handshake and a WebSocket frame (mask key 0, so the payload is as is).
+    // The framing check holds the frame until the 101 is relayed, then passes it unchecked.
+    let payload = b"early bird";
+    let mut bytes =
+        b"GET /early HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            .to_vec();
+    bytes.extend_from_slice(&[0x81, 0x80 | payload.len() as u8, 0, 0, 0, 0]);
+    bytes.extend_from_slice(payload);
+    let mut s = tokio::net::TcpStream::connect(up.listeners[0])
+        .await
+        .unwrap();
+    s.write_all(&bytes).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let want_echo = [&[0x81, payload.len() as u8][..], payload].concat();
+    let read = async {
+        while !got
+            .windows(want_echo.len())
+            .any(|w| w == want_echo.as_slice())
+        {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("the echo in time");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 101 "), "{text}");
+    // RFC 6455 §1.3's example key and accept: the backend's handshake reached the client.
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{text}"
+    );
+    assert!(!text.to_ascii_lowercase().contains("keep-alive:"), "{text}");
+    // Close (1000), then the server's close and end of stream.
+    s.write_all(&[0x88, 0x82, 0, 0, 0, 0, 0x03, 0xe8])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("closed in time")
+        .unwrap();
+    assert_eq!(&rest[..2], &[0x88, 0x02], "the server's close frame");
+    // The server half-closed after its close frame and waits for ours: closing the client
+    // side is passed on, and the server sees the connection end.
+    drop(s);
+    let seen = server.ended(1).await;
+    assert_eq!(seen[0]["path"], "/early");
+    assert_eq!(seen[0]["echoed"], 1);
+    assert_eq!(seen[0]["code"], 1000);
+}
