@@ -168,3 +168,52 @@ impl OnDone for AbortAfter {
         self.inner.done(bytes, complete, cut);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn poll_once(w: &mut Waiter) -> Poll<Result<(), BoxError>> {
+        std::future::poll_fn(|cx| Poll::Ready(w.poll_open(cx))).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_upstream_gets_the_body_after_expect_wait() {
+        let mut w = Waiter::new();
+        assert!(poll_once(&mut w).await.is_pending());
+        tokio::time::advance(EXPECT_WAIT - Duration::from_millis(10)).await;
+        assert!(poll_once(&mut w).await.is_pending());
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(matches!(poll_once(&mut w).await, Poll::Ready(Ok(()))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_upstreams_100_opens_at_once_and_a_refusal_fails_the_body_once_relayed() {
+        let mut w = Waiter::new();
+        assert!(poll_once(&mut w).await.is_pending());
+        w.gate().set(WAITING, OPEN);
+        assert!(matches!(poll_once(&mut w).await, Poll::Ready(Ok(()))));
+
+        let mut w = Waiter::new();
+        assert!(poll_once(&mut w).await.is_pending());
+        let resp = on_response(Some(&w.gate()), Response::new(()));
+        assert!(resp.extensions().get::<Refused>().is_some());
+        // Refused: never read, not even after the fallback wait, until the answer is relayed.
+        tokio::time::advance(EXPECT_WAIT * 2).await;
+        assert!(poll_once(&mut w).await.is_pending());
+        w.gate().set(REFUSED, ABORTED);
+        assert!(matches!(poll_once(&mut w).await, Poll::Ready(Err(_))));
+    }
+
+    #[test]
+    fn only_100_continue_on_http11_and_later_is_an_expectation() {
+        let mut h = HeaderMap::new();
+        assert!(!expects_continue(http::Version::HTTP_11, &h));
+        h.insert(header::EXPECT, "100-Continue".parse().unwrap());
+        assert!(expects_continue(http::Version::HTTP_11, &h));
+        assert!(expects_continue(http::Version::HTTP_2, &h));
+        assert!(!expects_continue(http::Version::HTTP_10, &h));
+        h.insert(header::EXPECT, "something-else".parse().unwrap());
+        assert!(!expects_continue(http::Version::HTTP_11, &h));
+    }
+}
