@@ -293,11 +293,7 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
     let (mut cl, mut te, mut hosts) = (Vec::new(), Vec::new(), 0);
     // As hyper decides: an `Upgrade` header on an HTTP/1.1 request (CONNECT, which hyper
     // also counts, is refused by the handler and never switches).
-    let upgrade = req.version == Some(1)
-        && req
-            .headers
-            .iter()
-            .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
+    let mut upgrade = false;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             cl.push(h.value);
@@ -305,6 +301,8 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
             te.push(h.value);
         } else if h.name.eq_ignore_ascii_case("host") {
             hosts += 1;
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            upgrade = req.version == Some(1);
         }
     }
     if hosts > 1 {
