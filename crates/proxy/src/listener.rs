@@ -404,10 +404,12 @@ async fn serve(
     activity.upgrade.watch_shutdown(signals.close_idle.clone());
     let keepalive = http::HeaderValue::from_str(&format!("timeout={}", cfg.idle_timeout.as_secs()))
         .unwrap_or(http::HeaderValue::from_static("timeout=0"));
+    let local = stream.local_addr().unwrap_or(cfg.listen);
     let ctx = Arc::new(ConnCtx {
         shared,
         listener: cfg.clone(),
         remote,
+        local,
         tls: tls.is_some(),
         activity: activity.clone(),
         keepalive,

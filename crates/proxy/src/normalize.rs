@@ -5,6 +5,8 @@
 
 use std::borrow::Cow;
 
+pub mod message;
+
 /// Why a request's host or path was refused (400, cause `bad_request`, this as the reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Invalid {

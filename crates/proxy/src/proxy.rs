@@ -22,7 +22,7 @@ use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
 use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
-use crate::normalize::{self, Invalid};
+use crate::normalize::{self, message, Invalid};
 use crate::pool::{keepalive_hint, Checkin, ConnectError};
 use crate::request_id;
 use crate::rescue;
@@ -38,6 +38,8 @@ pub struct ConnCtx {
     pub listener: Arc<ListenerConfig>,
     /// Client address.
     pub remote: SocketAddr,
+    /// The address the client connected to.
+    pub local: SocketAddr,
     /// Arrived over TLS.
     pub tls: bool,
     /// Idle and in-flight tracking of the connection.
@@ -61,6 +63,10 @@ pub async fn handle(
     let state = shared.state.load_full();
     let version = req.version();
     let asks_upgrade = crate::upgrade::asks(&req);
+    // An HTTP/1.0 client keeps its connection only when it asks to; to any other the
+    // keep-alive hint would announce a connection that closes after this response.
+    let hint_keepalive = version == Version::HTTP_11
+        || (version == Version::HTTP_10 && message::asks_keep_alive(req.headers()));
     let method = req.method().clone();
     // As received, for the log only: routing uses the validated and normalised forms.
     let host = request_host(&req).map(str::to_owned);
@@ -95,7 +101,7 @@ pub async fn handle(
         let h = resp.headers_mut();
         if shared.is_draining() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        } else {
+        } else if hint_keepalive {
             h.insert(KEEP_ALIVE, ctx.keepalive.clone());
         }
     }
@@ -393,10 +399,14 @@ async fn forward(
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     if !headers.contains_key(header::HOST) {
-        if let Some(h) = host_value.and_then(|h| HeaderValue::from_str(h).ok()) {
-            headers.insert(header::HOST, h);
-        }
+        // Rule H4: an HTTP/1.1 request upstream always names a host.
+        let h = host_value.and_then(|h| HeaderValue::from_str(h).ok());
+        headers.insert(
+            header::HOST,
+            h.unwrap_or_else(|| message::default_host(ctx.local)),
+        );
     }
+    message::join_cookie_crumbs(&mut headers);
     let trusted = ctx
         .listener
         .trusted_proxies
@@ -780,7 +790,9 @@ fn upstream_response(
             .pool()
             .idle_timeout_for(keepalive_hint(&parts.headers))
     };
+    message::drop_length_under_transfer_coding(&mut parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    parts.version = message::DOWNSTREAM_VERSION;
     let checkin = Checkin::new(group.pool().clone(), conn, idle);
     Response::from_parts(
         parts,
