@@ -24,6 +24,11 @@ pub use progress::SendProgress;
 #[error("the client sent nothing inside its request body for {0:?} (client_body_timeout)")]
 pub struct ClientBodyTimeout(pub Duration);
 
+/// The request body passed the route's `max_body_bytes` while it streamed.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body is larger than {0} bytes (max_body_bytes)")]
+pub struct BodyTooLarge(pub u64);
+
 /// A silence timer: armed when a wait starts, disarmed by progress; one allocation per body.
 #[derive(Default)]
 struct Silence {
@@ -72,6 +77,8 @@ pub struct StreamBody {
     timeout: Duration,
     silence: Silence,
     progress: Arc<SendProgress>,
+    /// Most body bytes passed on (`max_body_bytes`); the body fails past it.
+    limit: Option<u64>,
 }
 
 impl ReqBody {
@@ -90,6 +97,7 @@ impl ReqBody {
             timeout,
             silence: Silence::default(),
             progress: Arc::new(SendProgress::new()),
+            limit: None,
         }))
     }
 
@@ -104,9 +112,19 @@ impl ReqBody {
                 timeout,
                 silence: Silence::default(),
                 progress: Arc::new(SendProgress::new()),
+                limit: None,
             }),
             crate::expect::Waiter::new(),
         )
+    }
+
+    /// Fails the body with [`BodyTooLarge`] once more than `limit` bytes have passed, so an
+    /// upstream never gets more than the limit, whatever the framing (chunked, HTTP/2 data).
+    pub fn with_limit(mut self, limit: Option<u64>) -> Self {
+        if let ReqBody::Stream(s) | ReqBody::Gated(s, _) = &mut self {
+            s.limit = limit;
+        }
+        self
     }
 
     /// How the sending is going (`None` without a body).
@@ -164,7 +182,11 @@ impl Body for ReqBody {
             .and_then(|f| f.as_ref().ok())
             .and_then(|f| f.data_ref())
         {
-            s.seen.fetch_add(d.len() as u64, Ordering::Relaxed);
+            let n = d.len() as u64;
+            let total = s.seen.fetch_add(n, Ordering::Relaxed) + n;
+            if let Some(max) = s.limit.filter(|max| total > *max) {
+                return Poll::Ready(Some(Err(BodyTooLarge(max).into())));
+            }
         }
         Poll::Ready(frame)
     }

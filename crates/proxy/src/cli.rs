@@ -139,8 +139,9 @@ pub fn quick_start(
         routes: vec![config::RouteConfig {
             host: config::HostMatch::Any,
             path: "/".into(),
-            group: "default".into(),
+            group: Some("default".into()),
             allow_encoded_separators: false,
+            rules: Default::default(),
         }],
         groups,
         access_log: config::AccessLog::Stdout,

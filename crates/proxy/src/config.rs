@@ -4,6 +4,7 @@ mod collect;
 mod duration;
 mod model;
 mod print;
+mod route_rules;
 mod surface;
 mod upstream_tls;
 mod validate;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 pub use duration::parse_duration;
 pub use model::*;
 pub use print::{to_toml, PrintError};
+pub use route_rules::*;
 pub use validate::parse_endpoint;
 
 /// One problem found in a config file, with its position.

@@ -37,6 +37,8 @@ pub enum Cause {
     UpstreamTls,
     /// The client went silent inside its request body for `client_body_timeout` (408).
     ClientTimeout,
+    /// The request body is larger than the route's `max_body_bytes` (413).
+    BodyTooLarge,
 }
 
 /// Why a response body was cut after its head was sent (access log `cause`, metrics).
@@ -81,6 +83,7 @@ impl Cause {
             Cause::Internal => "internal",
             Cause::UpstreamTls => "upstream_tls",
             Cause::ClientTimeout => "client_timeout",
+            Cause::BodyTooLarge => "body_too_large",
         }
     }
 
@@ -97,6 +100,7 @@ impl Cause {
             Cause::UriTooLong => S::URI_TOO_LONG,
             Cause::Internal => S::INTERNAL_SERVER_ERROR,
             Cause::ClientTimeout => S::REQUEST_TIMEOUT,
+            Cause::BodyTooLarge => S::PAYLOAD_TOO_LARGE,
         }
     }
 }
@@ -152,6 +156,8 @@ pub(crate) enum Kind {
     ClientTimeout,
     /// The peer is at `max_connections_per_peer`: not a failure of the peer.
     PeerFull,
+    /// The request body passed the route's `max_body_bytes`: the client's doing.
+    BodyTooLarge,
 }
 
 /// A classified proxy failure.
@@ -204,6 +210,7 @@ impl ProxyError {
             Kind::Tls => Cause::UpstreamTls,
             Kind::ClientTimeout => Cause::ClientTimeout,
             Kind::PeerFull => Cause::Overloaded,
+            Kind::BodyTooLarge => Cause::BodyTooLarge,
         }
     }
 
@@ -227,7 +234,7 @@ impl ProxyError {
     pub fn is_peer_blameless(&self) -> bool {
         matches!(
             self.kind,
-            Kind::BadRequest | Kind::ClientTimeout | Kind::PeerFull
+            Kind::BadRequest | Kind::ClientTimeout | Kind::PeerFull | Kind::BodyTooLarge
         )
     }
 

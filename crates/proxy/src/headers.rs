@@ -36,6 +36,12 @@ fn is_protected(name: &HeaderName) -> bool {
 /// Removes hop-by-hop headers, including every header named in `Connection` (except the
 /// protected ones: `Host`, `X-Forwarded-*`, `Forwarded`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_hop_by_hop_keeping(headers, |_| false);
+}
+
+/// Like [`strip_hop_by_hop`], and `Connection` may not nominate the headers `keep` names
+/// either (those a route writes, rule C1).
+pub fn strip_hop_by_hop_keeping(headers: &mut HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
     // One pass over the names finds what to remove; most messages carry none or only
     // `Connection`, so the per-name removals (each a hash and a probe) are rarely paid.
     let mut remove: Vec<HeaderName> = headers
@@ -56,7 +62,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             // `keep-alive` is itself hop-by-hop: found by the pass above if present.
             .filter(|n| !n.eq_ignore_ascii_case("keep-alive"))
             .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-            .filter(|n| !is_protected(n)),
+            .filter(|n| !is_protected(n) && !keep(n)),
     );
     for n in remove {
         headers.remove(n);

@@ -20,6 +20,7 @@ pub mod refused;
 pub mod request_id;
 pub mod rescue;
 pub mod route;
+pub mod rules;
 pub mod server;
 pub mod state;
 pub mod upgrade;

@@ -19,7 +19,7 @@ use crate::body::{OnDone, ReqBody, RespBody};
 use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
 use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
-use crate::headers::{add_forwarded, strip_hop_by_hop, KEEP_ALIVE};
+use crate::headers::{add_forwarded, strip_hop_by_hop, strip_hop_by_hop_keeping, KEEP_ALIVE};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
 use crate::normalize::{self, message, Invalid};
@@ -27,6 +27,7 @@ use crate::pool::{keepalive_hint, Checkin, ConnectError};
 use crate::request_id;
 use crate::rescue;
 use crate::route::RouteName;
+use crate::rules;
 use crate::state::{Shared, State};
 use crate::upstream::{Group, Peer};
 
@@ -95,7 +96,11 @@ pub async fn handle(
             (rescue::response(&e), Some(e.cause().as_str()), e.detail())
         }
     };
-    let origin = if cause.is_some() { "proxy" } else { "upstream" };
+    let origin = if cause.is_some() || info.answered {
+        "proxy"
+    } else {
+        "upstream"
+    };
     let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     if (version == Version::HTTP_11 || version == Version::HTTP_10) && !switching {
         let h = resp.headers_mut();
@@ -127,7 +132,11 @@ pub async fn handle(
         user_agent: head.user_agent,
         referer: head.referer,
         route: info.route.as_ref().map(|r| r.route.to_string()),
-        group: info.route.as_ref().map(|r| r.group.to_string()),
+        group: info
+            .route
+            .as_ref()
+            .filter(|r| !r.group.is_empty())
+            .map(|r| r.group.to_string()),
         peer: info.peer.as_ref().map(|p| p.addr()),
         attempts: info.attempts,
         upstream_status: (origin == "upstream").then_some(status.as_u16()),
@@ -312,6 +321,8 @@ struct AttemptInfo {
     route: Option<RouteName>,
     peer: Option<Arc<Peer>>,
     attempts: u32,
+    /// The route answered itself (`redirect`, `respond`): the response is upkeep's.
+    answered: bool,
 }
 
 /// The request to send upstream, rebuildable for retries while its body is not consumed.
@@ -370,11 +381,11 @@ async fn forward(
     let (route, path) = route_request(state, host.as_deref(), req.uri().path()).map_err(invalid)?;
     let (route, route_name) = route.ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
     info.route = Some(route_name.clone());
-    let group = state
-        .groups
-        .get(&route.group)
-        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?
-        .clone();
+    // Route rules may change the forwarded path (`strip_prefix`, `rewrite`).
+    let path = match rules::forwarded_path(route, &path) {
+        Some(p) => Cow::Owned(p),
+        None => path,
+    };
     // What is forwarded is what was routed: the normalised path, the query as sent.
     let uri = match (&path, req.uri().path_and_query()) {
         (Cow::Borrowed(_), Some(pq)) => Uri::from(pq.clone()),
@@ -387,6 +398,48 @@ async fn forward(
             Uri::try_from(target).map_err(|_| invalid(Invalid::Path))?
         }
     };
+    let route_rules = &route.rules;
+    // The values templates expand to; made only for a route whose rules use them, so a
+    // plain route allocates nothing here.
+    let (request_id, vars_host) = if route_rules.uses_request_values() {
+        let id = req
+            .headers()
+            .get(&request_id::X_REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let h = host
+            .as_deref()
+            .map_or_else(|| ctx.local.ip().to_string(), str::to_ascii_lowercase);
+        (id, h)
+    } else {
+        (String::new(), String::new())
+    };
+    // A shared copy (reference-counted), so the forwarded URI can move on.
+    let target = uri.clone();
+    let vars = rules::Vars {
+        client_ip: ctx.client_ip.to_str().unwrap_or_default(),
+        host: &vars_host,
+        scheme: if ctx.tls { "https" } else { "http" },
+        request_id: &request_id,
+        path: target.path_and_query().map_or("/", |pq| pq.as_str()),
+    };
+    if let Some(resp) = rules::answer(route_rules, &vars) {
+        info.answered = true;
+        return Ok(resp);
+    }
+    let group = route
+        .group
+        .as_ref()
+        .and_then(|g| state.groups.get(g))
+        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?
+        .clone();
+    if let Some(max) = route_rules.max_body_bytes {
+        // A declared length over the limit is refused before any byte of the body is read.
+        if body_declared_over(req.body(), max) {
+            return Err(ProxyError::new(Kind::BodyTooLarge));
+        }
+    }
 
     let (mut parts, body) = req.into_parts();
     let upgrade = crate::upgrade::Wanted::take(
@@ -397,7 +450,7 @@ async fn forward(
         body.is_end_stream(),
     );
     let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
+    strip_hop_by_hop_keeping(&mut headers, |n| route_rules.request_headers.writes(n));
     if !headers.contains_key(header::HOST) {
         // Rule H4: an HTTP/1.1 request upstream always names a host.
         let h = host_value.and_then(|h| HeaderValue::from_str(h).ok());
@@ -421,6 +474,8 @@ async fn forward(
         if ctx.tls { "https" } else { "http" },
         host_value,
     );
+    // After upkeep's own headers, so a route can override them (nginx `proxy_set_header`).
+    rules::apply_headers(&route_rules.request_headers, &mut headers, &vars);
     if let Some(want) = upgrade {
         let f = crate::upgrade::Forward {
             group: &group,
@@ -444,11 +499,10 @@ async fn forward(
         None
     } else if crate::expect::expects_continue(parts.version, &headers) {
         // The upstream decides whether the client uploads: nothing is read before it asks.
-        Some(ReqBody::gated(
-            body,
-            bytes_in.clone(),
-            ctx.listener.client_body_timeout,
-        ))
+        Some(
+            ReqBody::gated(body, bytes_in.clone(), ctx.listener.client_body_timeout)
+                .with_limit(route_rules.max_body_bytes),
+        )
     } else {
         let mut body = body;
         let timeout = ctx.listener.client_body_timeout;
@@ -460,7 +514,14 @@ async fn forward(
             }
             Ok(Some(Err(e))) => return Err(ProxyError::new(Kind::BadRequest).with_source(e)),
             Ok(None) => None,
-            Ok(Some(Ok(first))) => Some(ReqBody::stream(first, body, bytes_in.clone(), timeout)),
+            Ok(Some(Ok(first))) => {
+                let limit = route_rules.max_body_bytes;
+                let len = first.data_ref().map_or(0, |d| d.len() as u64);
+                if limit.is_some_and(|max| len > max) {
+                    return Err(ProxyError::new(Kind::BodyTooLarge));
+                }
+                Some(ReqBody::stream(first, body, bytes_in.clone(), timeout).with_limit(limit))
+            }
         }
     };
     let bodyless = body.is_none();
@@ -475,7 +536,25 @@ async fn forward(
         parts.method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     );
-    send_with_retries(&group, &mut out, idempotent, info).await
+    let timeouts = RouteTimeouts {
+        try_timeout: route_rules.try_timeout,
+        deadline: route_rules.deadline,
+    };
+    let mut resp = send_with_retries(&group, &mut out, idempotent, info, timeouts).await?;
+    rules::apply_headers(&route_rules.response_headers, resp.headers_mut(), &vars);
+    Ok(resp)
+}
+
+/// A route's own `try_timeout` / `deadline`, over the group's.
+#[derive(Clone, Copy)]
+struct RouteTimeouts {
+    try_timeout: Option<Duration>,
+    deadline: Option<Duration>,
+}
+
+/// Whether a request body's declared length (`Content-Length`) is over `max`.
+fn body_declared_over(body: &Incoming, max: u64) -> bool {
+    body.size_hint().lower() > max
 }
 
 async fn send_with_retries(
@@ -483,10 +562,12 @@ async fn send_with_retries(
     out: &mut Outgoing,
     idempotent: bool,
     info: &mut AttemptInfo,
+    timeouts: RouteTimeouts,
 ) -> Result<Response<RespBody>, ProxyError> {
     let cfg = group.config();
     let started = Instant::now();
-    let deadline = started + cfg.deadline;
+    let deadline = started + timeouts.deadline.unwrap_or(cfg.deadline);
+    let try_timeout = timeouts.try_timeout.unwrap_or(cfg.try_timeout);
     let window_end = started + cfg.retry.connect_retry_window;
     let metrics = group.metrics();
     if group.known_down() {
@@ -542,7 +623,7 @@ async fn send_with_retries(
         info.attempts += 1;
         info.peer = Some(peer.clone());
         let sent_at = Instant::now();
-        match attempt(group, &peer, out, deadline).await {
+        match attempt(group, &peer, out, deadline, try_timeout).await {
             Ok(resp) => {
                 group.record_success(&peer, sent_at);
                 group.connect_window_recovered();
@@ -556,7 +637,10 @@ async fn send_with_retries(
                     Kind::ConnectTimeout => cfg.health.consecutive_failures,
                     _ => 1,
                 };
-                if matches!(err.kind(), Kind::BadRequest | Kind::ClientTimeout) {
+                if matches!(
+                    err.kind(),
+                    Kind::BadRequest | Kind::ClientTimeout | Kind::BodyTooLarge
+                ) {
                     return Err(err);
                 }
                 if err.is_connect() {
@@ -598,6 +682,7 @@ async fn attempt(
     peer: &Arc<Peer>,
     out: &mut Outgoing,
     deadline: Instant,
+    try_timeout: Duration,
 ) -> Result<Response<RespBody>, ProxyError> {
     let cfg = group.config();
     let pool = group.pool();
@@ -651,7 +736,7 @@ async fn attempt(
         let (w0, r0) = (conn.written(), conn.read());
         let progress = req.body().progress();
         let in_flight = peer.start_request();
-        let res = send_timed(&mut conn, req, progress, cfg.try_timeout, deadline).await;
+        let res = send_timed(&mut conn, req, progress, try_timeout, deadline).await;
         drop(in_flight);
         match res {
             Err(_) => {
@@ -688,6 +773,14 @@ async fn attempt(
                     // The client went silent inside its body: its fault, never the peer's.
                     count_client_body_timeout(group.metrics());
                     return Err(ProxyError::new(Kind::ClientTimeout).with_source(e).on_peer(
+                        peer.addr(),
+                        reused,
+                        written,
+                    ));
+                }
+                if e.is_user() && body_too_large(&e) {
+                    // The route's body limit cut the upload: the client's doing.
+                    return Err(ProxyError::new(Kind::BodyTooLarge).with_source(e).on_peer(
                         peer.addr(),
                         reused,
                         written,
@@ -760,6 +853,17 @@ fn count_client_body_timeout(metrics: &crate::metrics::Metrics) {
             timeout: "client_body",
         })
         .inc();
+}
+
+fn body_too_large(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<crate::body::BodyTooLarge>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn client_body_timed_out(e: &hyper::Error) -> bool {

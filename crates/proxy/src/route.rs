@@ -31,7 +31,8 @@ impl RouteName {
         };
         Self {
             route: route.into(),
-            group: r.group.as_str().into(),
+            // A route that answers itself has no group: an empty label.
+            group: r.group.as_deref().unwrap_or("").into(),
         }
     }
 }
@@ -52,9 +53,11 @@ impl RouteTable {
         Self { routes, names }
     }
 
-    /// The group for a host (any case, port ignored) and path.
+    /// The group for a host (any case, port ignored) and path; `None` also for a route that
+    /// answers itself.
     pub fn find(&self, host: Option<&str>, path: &str) -> Option<&str> {
-        self.find_route(host, path).map(|(r, _)| r.group.as_str())
+        self.find_route(host, path)
+            .and_then(|(r, _)| r.group.as_deref())
     }
 
     /// The route for a host (any case, port ignored) and a normalised path, with its name.
@@ -105,8 +108,9 @@ mod tests {
         RouteConfig {
             host,
             path: path.into(),
-            group: group.into(),
+            group: Some(group.into()),
             allow_encoded_separators: false,
+            rules: Default::default(),
         }
     }
 

@@ -315,18 +315,22 @@ pub enum HostMatch {
     Suffix(String),
 }
 
-/// A route: host + path prefix -> group.
+/// A route: host + path prefix -> group (or the route's own answer), with its rules.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RouteConfig {
     /// Host match.
     pub host: HostMatch,
     /// Path prefix.
     pub path: String,
-    /// Target group.
-    pub group: String,
+    /// Target group; `None` exactly when the route answers itself (`redirect`, `respond`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Paths with `%2e`, `%2f`, `%5c` or a raw backslash are routed here (kept encoded)
     /// instead of refused with 400.
     pub allow_encoded_separators: bool,
+    /// Headers, path, answer, body limit and timeouts of the route.
+    #[serde(flatten)]
+    pub rules: super::route_rules::RouteRules,
 }
 
 /// Peer selection.

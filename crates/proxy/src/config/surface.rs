@@ -42,7 +42,7 @@ pub(crate) struct File {
     #[serde(default)]
     pub listener: Vec<Listener>,
     #[serde(default)]
-    pub route: Vec<Route>,
+    pub route: Vec<S<Route>>,
     #[serde(default)]
     pub groups: BTreeMap<S<String>, Group>,
     pub access_log: Option<S<String>>,
@@ -103,8 +103,53 @@ pub(crate) struct Tls {
 pub(crate) struct Route {
     pub host: Option<S<String>>,
     pub path: Option<S<String>>,
-    pub group: S<String>,
+    pub group: Option<S<String>>,
     pub allow_encoded_separators: Option<bool>,
+    pub request_headers: Option<S<HeaderRules>>,
+    pub response_headers: Option<S<HeaderRules>>,
+    pub strip_prefix: Option<S<bool>>,
+    pub rewrite: Option<S<Rewrite>>,
+    pub redirect: Option<S<Redirect>>,
+    pub respond: Option<S<Respond>>,
+    pub max_body_bytes: Option<S<i64>>,
+    pub try_timeout: Option<S<Dur>>,
+    pub deadline: Option<S<Dur>>,
+}
+
+/// `request_headers` / `response_headers` of a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HeaderRules {
+    #[serde(default)]
+    pub set: BTreeMap<S<String>, S<String>>,
+    #[serde(default)]
+    pub add: BTreeMap<S<String>, S<String>>,
+    #[serde(default)]
+    pub remove: Vec<S<String>>,
+}
+
+/// `rewrite = { from = "regex", to = "..." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Rewrite {
+    pub from: S<String>,
+    pub to: S<String>,
+}
+
+/// `redirect = { to = "...", status = 308 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Redirect {
+    pub to: S<String>,
+    pub status: Option<S<i64>>,
+}
+
+/// `respond = { status = 200, body = "..." }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Respond {
+    pub status: Option<S<i64>>,
+    pub body: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,6 +10,7 @@ use super::surface::{self, S};
 use super::{parse_duration, Locator, Problem};
 
 mod admin;
+mod route_rules;
 
 pub(super) struct Ctx<'a> {
     pub(super) loc: &'a Locator,
@@ -351,7 +352,9 @@ pub(super) fn validate(file: surface::File, cx: &mut Ctx<'_>) -> Option<Config> 
     }
 
     let mut routes = Vec::new();
-    for r in &file.route {
+    for spanned in &file.route {
+        let rules = route_rules::route_rules(cx, spanned, &groups);
+        let r = spanned.get_ref();
         let host = match &r.host {
             None => HostMatch::Any,
             Some(h) => {
@@ -385,20 +388,23 @@ pub(super) fn validate(file: surface::File, cx: &mut Ctx<'_>) -> Option<Config> 
                 "/".to_owned()
             }
         };
-        if !cx.partial && !file.groups.keys().any(|k| k.get_ref() == r.group.get_ref()) {
-            cx.err(
-                r.group.span(),
-                format!(
-                    "route names group {:?}, which is not defined under [groups]",
-                    r.group.get_ref()
-                ),
-            );
+        if let Some(g) = &r.group {
+            if !cx.partial && !file.groups.keys().any(|k| k.get_ref() == g.get_ref()) {
+                cx.err(
+                    g.span(),
+                    format!(
+                        "route names group {:?}, which is not defined under [groups]",
+                        g.get_ref()
+                    ),
+                );
+            }
         }
         routes.push(RouteConfig {
             host,
             path,
-            group: r.group.get_ref().clone(),
+            group: r.group.as_ref().map(|g| g.get_ref().clone()),
             allow_encoded_separators: r.allow_encoded_separators.unwrap_or(false),
+            rules,
         });
     }
     if file.route.is_empty() && !cx.partial {
