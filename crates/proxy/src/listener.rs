@@ -557,11 +557,18 @@ async fn drive<C: GracefulConn>(
     let activity = &*ctx.activity;
     let shared = &*ctx.shared;
     tokio::pin!(conn);
-    let mut closing = *signals.close_idle.borrow();
-    if closing {
-        conn.as_mut().graceful();
-    }
+    // Told to close once idle: a connection whose request head is still arriving (a fresh
+    // one included, e.g. accepted just before an upgrade or shutdown stopped accepting) is
+    // not idle, and closing it would fail a request the client has already sent. It closes
+    // once that request is under way (answered with `Connection: close`), or at the header
+    // read timeout.
+    let mut close_pending = *signals.close_idle.borrow();
+    let mut closing = false;
     loop {
+        if close_pending && !closing && !reading_head(activity) {
+            closing = true;
+            conn.as_mut().graceful();
+        }
         let wait = next_deadline(activity, cfg);
         tokio::select! {
             r = conn.as_mut() => {
@@ -583,9 +590,8 @@ async fn drive<C: GracefulConn>(
                 return;
             }
             _ = activity.changed.notified() => {}
-            _ = async { let _ = signals.close_idle.wait_for(|s| *s).await; }, if !closing => {
-                closing = true;
-                conn.as_mut().graceful();
+            _ = async { let _ = signals.close_idle.wait_for(|s| *s).await; }, if !closing && !close_pending => {
+                close_pending = true;
             }
             _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))) => {
                 if wait.is_some() {
@@ -609,6 +615,11 @@ async fn drive<C: GracefulConn>(
 enum Expired {
     Idle,
     HeadTimeout,
+}
+
+/// A request head is arriving and no request is in flight yet.
+fn reading_head(a: &ConnActivity) -> bool {
+    a.head_since_ms.load(Ordering::Relaxed) != 0 && a.in_flight.load(Ordering::Relaxed) == 0
 }
 
 fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {
