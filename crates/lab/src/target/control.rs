@@ -45,9 +45,15 @@ fn send(pid: u32, sig: Signal) -> bool {
     kill(Pid::from_raw(pid as i32), sig).is_ok()
 }
 
-/// Whether a process with this pid exists.
+/// Whether a process with this pid runs (an exited one not yet reaped counts as gone).
 pub(super) fn alive(pid: u32) -> bool {
-    kill(Pid::from_raw(pid as i32), None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(st) => st
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        // No /proc: ask the kernel.
+        Err(_) => kill(Pid::from_raw(pid as i32), None).is_ok(),
+    }
 }
 
 impl Control {
