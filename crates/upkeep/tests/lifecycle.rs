@@ -407,7 +407,7 @@ async fn upgrade_under_load(by_admin: bool) {
     let config = upgrade_config(listen, admin, backend.addr(), &extra)
         + "connect_timeout = \"5s\"\ntry_timeout = \"10s\"\n";
     std::fs::write(&file, config).unwrap();
-    let up = Proc::serve(&file, &diag, &["--workers", "2"]);
+    let mut up = Proc::serve(&file, &diag, &["--workers", "2"]);
     let old_pid = up.0.id();
     wait_ready(admin).await;
 
@@ -418,7 +418,10 @@ async fn upgrade_under_load(by_admin: bool) {
         1000,
         Duration::from_secs(3),
     ));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // In flight on the old process across the upgrade: its drain lets it finish.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let slow = tokio::spawn(async move { get(listen, "x", "/sleep/1500").await.status });
+    tokio::time::sleep(Duration::from_millis(200)).await;
     if by_admin {
         let refused = upkeep_upgrade(admin, None).await;
         assert!(!refused.status.success(), "no token must be refused");
@@ -433,6 +436,13 @@ async fn upgrade_under_load(by_admin: bool) {
         up.signal("-USR2");
     }
     let new = Pid(upgraded_pid(&diag).await);
+    if !slow.is_finished() {
+        assert!(
+            up.0.try_wait().unwrap().is_none(),
+            "the old process exited with a request in flight"
+        );
+    }
+    assert_eq!(slow.await.unwrap(), 200, "the request in flight was cut");
     let run = load.await.unwrap();
     assert_eq!(run.outcomes.len(), 3000);
     let why: Vec<&str> = run
