@@ -171,6 +171,13 @@ async fn start_inner(
     let shared = Shared::new(metrics, access_log, config_path, config.clone());
     let (state, _) = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
     shared.state.store(Arc::new(state));
+    if inherited.is_some() {
+        // Taking over from an upgraded process: accept nothing (downstream or admin) on the
+        // shared sockets until this process can really serve; meanwhile the old one does.
+        ready_to_serve(&shared)
+            .await
+            .map_err(|why| StartError::State(format!("upgrade: not ready: {why}")))?;
+    }
 
     let probes = admin_listener.probes_addr();
     let admin = admin_listener
@@ -418,6 +425,7 @@ pub async fn run(
     let mut running = match (started, &answer_to) {
         (Ok(r), _) => r,
         (Err(e), Some(stream)) => {
+            tracing::error!(reason = %e, "upgrade: cannot serve; the old process keeps serving");
             upgrade::answer(stream, Err(e.to_string()));
             return Err(e);
         }
@@ -433,12 +441,7 @@ pub async fn run(
     let mut hup = signal(SignalKind::hangup()).expect("installing SIGHUP handler");
     let mut usr1 = signal(SignalKind::user_defined1()).expect("installing SIGUSR1 handler");
     if let Some(stream) = answer_to {
-        let ready = ready_to_serve(&running.shared).await;
-        upgrade::answer(&stream, ready.clone());
-        if let Err(why) = ready {
-            tracing::error!(reason = %why, "upgrade: not ready; the old process keeps serving");
-            return Err(StartError::State(format!("upgrade: not ready: {why}")));
-        }
+        upgrade::answer(&stream, Ok(()));
         tracing::info!("upgrade: serving on the handed-over sockets");
     }
     loop {
