@@ -15,6 +15,8 @@ pub const CATALOG: &[(&str, &str)] = &[
     entry!("keepalive-race-post"),
     entry!("probe-cascade"),
     entry!("drain"),
+    entry!("upgrade"),
+    entry!("reload-under-dns-failure"),
 ];
 
 macro_rules! entry {

@@ -178,7 +178,9 @@ pub struct FaultSpec {
     /// DNS mode (`fixed`, `alternate`, `nxdomain`, `nodata`, `servfail`, `refused`, `silent`).
     pub mode: Option<String>,
     /// Send this signal to the target: `stop` (its own graceful stop: SIGTERM to upkeep,
-    /// SIGQUIT to nginx, SIGUSR1 to HAProxy), or `TERM`, `QUIT`, `INT`, `HUP`.
+    /// SIGQUIT to nginx, SIGUSR1 to HAProxy), `reload` (the upstream timeout changed on
+    /// disk, then the proxy's own reload), `upgrade` (the proxy's own binary upgrade), or
+    /// `TERM`, `QUIT`, `INT`, `HUP`.
     pub signal: Option<String>,
 }
 
@@ -276,6 +278,14 @@ impl Scenario {
             .collect()
     }
 
+    /// Whether the timeline reloads or upgrades the target (HAProxy then runs with its
+    /// master process).
+    pub fn reloads_or_upgrades(&self) -> bool {
+        self.faults
+            .iter()
+            .any(|f| matches!(f.signal.as_deref(), Some("reload" | "upgrade")))
+    }
+
     /// Whether the timeline signals the target.
     pub fn signals_target(&self) -> bool {
         self.faults.iter().any(|f| f.signal.is_some())
@@ -365,7 +375,10 @@ impl Scenario {
                 }
             }
             if let Some(s) = &f.signal {
-                if !matches!(s.as_str(), "stop" | "TERM" | "QUIT" | "INT" | "HUP") {
+                if !matches!(
+                    s.as_str(),
+                    "stop" | "reload" | "upgrade" | "TERM" | "QUIT" | "INT" | "HUP"
+                ) {
                     out.push(format!("fault #{n}: unsupported signal {s}"));
                 }
             }

@@ -13,7 +13,10 @@ use tokio::process::{Child, Command};
 
 use crate::scenario::Scenario;
 
+mod control;
 mod templates;
+
+pub use control::Control;
 
 /// Which proxy a run aims at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +172,7 @@ pub struct Running {
     pub label: String,
     child: Child,
     dir: PathBuf,
+    control: Option<Control>,
 }
 
 /// What a stopped target left behind.
@@ -189,6 +193,20 @@ impl Running {
         config: &str,
         rig: &Rig,
         dir: &Path,
+    ) -> Result<Running, TargetError> {
+        Self::start_with(kind, bins, label, config, rig, dir, false).await
+    }
+
+    /// Like `start`; with `master`, HAProxy runs in master-worker mode (`-W`), which its
+    /// reload and binary upgrade need.
+    pub async fn start_with(
+        kind: TargetKind,
+        bins: &Binaries,
+        label: String,
+        config: &str,
+        rig: &Rig,
+        dir: &Path,
+        master: bool,
     ) -> Result<Running, TargetError> {
         let bin = bins.get(kind).ok_or_else(|| TargetError::Start {
             target: kind.name(),
@@ -213,6 +231,9 @@ impl Running {
             }
             TargetKind::Haproxy => {
                 let mut c = Command::new(bin);
+                if master {
+                    c.arg("-W");
+                }
                 c.arg("-db").arg("-f").arg(dir.join("haproxy.cfg"));
                 ("haproxy.cfg", c)
             }
@@ -229,11 +250,13 @@ impl Running {
             // A panicking lab must not leave its targets behind; this kills by handle.
             .kill_on_drop(true);
         let child = cmd.spawn().map_err(|e| io(&bin.display().to_string(), e))?;
+        let control = child.id().map(|p| Control::new(kind, dir.to_owned(), p));
         let mut running = Running {
             kind,
             label,
             child,
             dir: dir.to_owned(),
+            control,
         };
         running.wait_listening(rig.listen).await?;
         Ok(running)
@@ -290,8 +313,31 @@ impl Running {
         }
     }
 
+    /// Reload and upgrade actions, and the pid that serves now.
+    pub fn control(&self) -> Option<Control> {
+        self.control.clone()
+    }
+
     /// Stops the target by PID (its graceful stop, then KILL after 5 s) and collects its logs.
     pub async fn stop(mut self) -> TargetLogs {
+        // After a binary upgrade another process serves: stop that one, by its pid.
+        let upgraded = self
+            .control
+            .as_ref()
+            .map(Control::pid)
+            .filter(|p| Some(*p) != self.child.id());
+        if let Some(pid) = upgraded {
+            let _ = kill(Pid::from_raw(pid as i32), self.kind.graceful_stop());
+            for _ in 0..100 {
+                if !control::alive(pid) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if control::alive(pid) {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
         if let Ok(None) = self.child.try_wait() {
             if let Some(pid) = self.pid() {
                 let _ = kill(Pid::from_raw(pid as i32), self.kind.graceful_stop());

@@ -37,6 +37,8 @@ pub struct Handles {
     pub target_pid: Option<u32>,
     /// Which proxy the target is, for `signal = "stop"` (its own graceful stop).
     pub target_kind: Option<crate::target::TargetKind>,
+    /// The target's reload and upgrade, for `signal = "reload"` and `"upgrade"`.
+    pub target: Option<crate::target::Control>,
 }
 
 /// A running timeline.
@@ -120,8 +122,12 @@ async fn step(
         }
         tokio::time::sleep(f.delay.unwrap_or_default()).await;
     }
-    let label = apply(scenario, f, h, false);
     let start_s = t0.elapsed().as_secs_f64();
+    // An upgrade waits (bounded) for the new process, to follow its pid.
+    let label = match (f.signal.as_deref(), &h.target) {
+        (Some("upgrade"), Some(t)) => t.upgrade().await,
+        _ => apply(scenario, f, h, false),
+    };
     let index = {
         let mut ev = events.lock().unwrap_or_else(|e| e.into_inner());
         ev.push(FaultEvent {
@@ -187,6 +193,11 @@ fn apply(scenario: &Scenario, f: &FaultSpec, h: &Handles, undo: bool) -> String 
         return format!("{name} {mode}");
     }
     if let Some(sig) = &f.signal {
+        match (sig.as_str(), &h.target, undo) {
+            ("reload", Some(t), false) => return t.reload(),
+            ("reload" | "upgrade", _, _) => return format!("{sig} of target"),
+            _ => {}
+        }
         let s = match sig.as_str() {
             "stop" => h.target_kind.map_or(Signal::SIGTERM, |k| k.graceful_stop()),
             "QUIT" => Signal::SIGQUIT,

@@ -15,12 +15,20 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 
 use crate::config::AdminConfig;
 use crate::state::Shared;
 
 /// Re-reads and applies the config file; the error lists every problem.
 pub type Reload = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// Starts a binary upgrade and answers once the new process is ready, or why it is not.
+pub type Upgrade = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// What an admin listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,11 +65,25 @@ pub struct Bound {
 /// Binds the control listener and, when configured, the probe listener; on failure, the
 /// address that could not be bound.
 pub async fn bind(config: &AdminConfig) -> Result<Bound, (SocketAddr, std::io::Error)> {
-    let control = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| (config.listen, e))?;
+    bind_or_take(config, None).await
+}
+
+/// Like `bind`, taking the listeners handed over by the process this one upgraded when
+/// they are there.
+pub(crate) async fn bind_or_take(
+    config: &AdminConfig,
+    inherited: Option<&crate::server::Inherited>,
+) -> Result<Bound, (SocketAddr, std::io::Error)> {
+    use crate::server::HandoverKind;
+    let one = |kind, addr: SocketAddr| async move {
+        match inherited.and_then(|i| i.take_admin(kind, addr)) {
+            Some(l) => l.and_then(TcpListener::from_std).map_err(|e| (addr, e)),
+            None => TcpListener::bind(addr).await.map_err(|e| (addr, e)),
+        }
+    };
+    let control = one(HandoverKind::AdminControl, config.listen).await?;
     let probes = match config.probes {
-        Some(a) => Some(TcpListener::bind(a).await.map_err(|e| (a, e))?),
+        Some(a) => Some(one(HandoverKind::AdminProbes, a).await?),
         None => None,
     };
     Ok(Bound {
@@ -82,8 +104,40 @@ impl Bound {
         self.probes.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// Duplicates of the listening sockets, named by configured address, for a binary
+    /// upgrade.
+    pub(crate) fn handover(&self) -> std::io::Result<Vec<crate::server::Handed>> {
+        use crate::server::{Handed, HandoverKind};
+        use std::os::fd::AsFd;
+        let mut out = vec![Handed {
+            kind: HandoverKind::AdminControl,
+            addr: self.config.listen,
+            fd: self.control.as_fd().try_clone_to_owned()?,
+        }];
+        if let (Some(p), Some(addr)) = (&self.probes, self.config.probes) {
+            out.push(Handed {
+                kind: HandoverKind::AdminProbes,
+                addr,
+                fd: p.as_fd().try_clone_to_owned()?,
+            });
+        }
+        Ok(out)
+    }
+
     /// Serves every admin listener until the returned task is aborted.
     pub fn serve(self, shared: Arc<Shared>, reload: Reload) -> tokio::task::JoinHandle<()> {
+        self.serve_with(shared, reload, None, TaskTracker::new())
+    }
+
+    /// Like `serve`, with `POST /upgrade` when `upgrade` is given; admin connections are
+    /// tracked by `conns`, so an upgrade can let the answer reach its caller before exit.
+    pub(crate) fn serve_with(
+        self,
+        shared: Arc<Shared>,
+        reload: Reload,
+        upgrade: Option<Upgrade>,
+        conns: TaskTracker,
+    ) -> tokio::task::JoinHandle<()> {
         let Bound {
             control,
             probes,
@@ -91,16 +145,21 @@ impl Bound {
         } = self;
         tokio::spawn(async move {
             let limits = accept::Limits::from(&config);
+            let hooks = accept::Hooks {
+                reload,
+                upgrade,
+                conns,
+            };
             let control = accept::serve(
                 control,
                 Role::Control,
                 limits,
                 shared.clone(),
-                reload.clone(),
+                hooks.clone(),
             );
             match probes {
                 Some(p) => {
-                    let probes = accept::serve(p, Role::Probes, limits, shared, reload);
+                    let probes = accept::serve(p, Role::Probes, limits, shared, hooks);
                     tokio::join!(control, probes);
                 }
                 None => control.await,
@@ -116,7 +175,12 @@ pub async fn serve(
     reload: Arc<dyn Fn() -> Result<String, String> + Send + Sync>,
 ) {
     let limits = accept::Limits::from(&shared.state.load().config.admin);
-    accept::serve(listener, Role::Control, limits, shared, reload).await
+    let hooks = accept::Hooks {
+        reload,
+        upgrade: None,
+        conns: TaskTracker::new(),
+    };
+    accept::serve(listener, Role::Control, limits, shared, hooks).await
 }
 
 fn route(
@@ -175,6 +239,34 @@ fn route(
             }
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+    }
+}
+
+/// `POST /upgrade`: authorized like `/reload`; answers once the new process is ready (200),
+/// or why it is not (500, this process keeps serving).
+async fn upgrade(
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+    shared: &Shared,
+    upgrade: Option<&Upgrade>,
+) -> Response<Full<Bytes>> {
+    if let Err(denied) = token::authorize(req.headers(), shared, peer) {
+        return denied.response();
+    }
+    let Some(upgrade) = upgrade else {
+        return text(
+            StatusCode::NOT_IMPLEMENTED,
+            "this upkeep was not started by `upkeep serve`: it cannot upgrade\n".into(),
+            "text/plain",
+        );
+    };
+    match upgrade().await {
+        Ok(report) => text(StatusCode::OK, format!("upgraded\n{report}"), "text/plain"),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("upgrade failed, this process keeps serving:\n{e}\n"),
+            "text/plain",
+        ),
     }
 }
 

@@ -1,4 +1,4 @@
-//! `upkeep serve`, `upkeep check`, `upkeep reload`.
+//! `upkeep serve`, `upkeep check`, `upkeep reload`, `upkeep upgrade`.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -58,7 +58,8 @@ pub struct CheckArgs {
     pub print: bool,
 }
 
-/// Arguments of `upkeep reload`.
+/// Arguments of `upkeep reload` and `upkeep upgrade`: where the running upkeep's admin
+/// listener is, and its token.
 #[derive(Debug, clap::Args)]
 pub struct ReloadArgs {
     /// Admin address of the running upkeep.
@@ -229,11 +230,27 @@ pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Arguments of `upkeep upgrade` (the same as `upkeep reload`'s).
+pub type UpgradeArgs = ReloadArgs;
+
 /// Asks a running upkeep to reload.
 pub fn reload(args: ReloadArgs) -> anyhow::Result<ExitCode> {
+    post(&args, "/reload", Duration::from_secs(30))
+}
+
+/// Asks a running upkeep to start its binary anew and hand it the listening sockets
+/// (Unix only); exits non-zero when the old process kept serving.
+pub fn upgrade(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
+    // The old process waits up to 30 s for the new one; leave room for its answer.
+    post(&args, "/upgrade", Duration::from_secs(45))
+}
+
+/// `POST path` to the admin listener with the bearer token; prints the answer's body and
+/// exits 0 on 200.
+fn post(args: &ReloadArgs, path: &str, wait: Duration) -> anyhow::Result<ExitCode> {
     let mut s = std::net::TcpStream::connect_timeout(&args.admin, Duration::from_secs(3))
         .with_context(|| format!("connecting to the admin listener at {}", args.admin))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_read_timeout(Some(wait))?;
     let auth = match &args.token_file {
         Some(f) => {
             let token = std::fs::read_to_string(f)
@@ -244,7 +261,7 @@ pub fn reload(args: ReloadArgs) -> anyhow::Result<ExitCode> {
     };
     write!(
         s,
-        "POST /reload HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n",
         args.admin
     )?;
     let mut resp = String::new();

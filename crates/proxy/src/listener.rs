@@ -559,12 +559,23 @@ async fn drive<C: GracefulConn>(
     let activity = &*ctx.activity;
     let shared = &*ctx.shared;
     tokio::pin!(conn);
-    let mut closing = *signals.close_idle.borrow();
-    if closing {
-        conn.as_mut().graceful();
-    }
+    // Told to close (shutdown, upgrade, a removed listener): closing a connection at once
+    // races the request its client may be sending on it right then. So a connection closes
+    // after its next response (`Connection: close`) once a request is under way; one whose
+    // request head is still arriving (a fresh one included) waits for that request, up to
+    // the header read timeout; an idle keep-alive one closes once it has been quiet for
+    // `CLOSE_QUIET` (clients that send often send on it first and are answered).
+    let mut close_pending = *signals.close_idle.borrow();
+    let mut closing = false;
     loop {
-        let wait = next_deadline(activity, cfg);
+        if close_pending && !closing && may_close(activity, cfg) {
+            closing = true;
+            conn.as_mut().graceful();
+        }
+        let mut wait = next_deadline(activity, cfg);
+        if close_pending && !closing {
+            wait = wait.map(|w| w.min(Duration::from_millis(50)));
+        }
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
@@ -585,9 +596,8 @@ async fn drive<C: GracefulConn>(
                 return;
             }
             _ = activity.changed.notified() => {}
-            _ = async { let _ = signals.close_idle.wait_for(|s| *s).await; }, if !closing => {
-                closing = true;
-                conn.as_mut().graceful();
+            _ = async { let _ = signals.close_idle.wait_for(|s| *s).await; }, if !closing && !close_pending => {
+                close_pending = true;
             }
             _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))) => {
                 if wait.is_some() {
@@ -611,6 +621,23 @@ async fn drive<C: GracefulConn>(
 enum Expired {
     Idle,
     HeadTimeout,
+}
+
+/// How long a keep-alive connection told to close must have been quiet before it is closed.
+const CLOSE_QUIET: Duration = Duration::from_secs(1);
+
+/// Whether a connection told to close can be closed without racing its client: a request is
+/// under way (closed after its response), or it is idle and has been quiet for
+/// `CLOSE_QUIET` (or its own idle timeout, if shorter).
+fn may_close(a: &ConnActivity, cfg: &ListenerConfig) -> bool {
+    if a.in_flight.load(Ordering::Relaxed) > 0 {
+        return true;
+    }
+    if a.head_since_ms.load(Ordering::Relaxed) != 0 {
+        return false;
+    }
+    let quiet = a.now_ms().saturating_sub(a.last_ms.load(Ordering::Relaxed));
+    quiet >= CLOSE_QUIET.min(cfg.idle_timeout).as_millis() as u64
 }
 
 fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {

@@ -1,4 +1,4 @@
-//! The `upkeep` command: serve, check, reload, lab, demo, doctor.
+//! The `upkeep` command: serve, check, reload, upgrade, lab, demo, doctor.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -21,6 +21,9 @@ enum Command {
     Check(upkeep_proxy::cli::CheckArgs),
     /// Ask a running upkeep (through its admin listener) to re-read its config file.
     Reload(upkeep_proxy::cli::ReloadArgs),
+    /// Ask a running upkeep to start its binary anew and hand over its listening sockets
+    /// (like nginx's SIGUSR2, which upkeep also takes); non-zero exit if the old one kept serving.
+    Upgrade(upkeep_proxy::cli::UpgradeArgs),
     /// The fault lab: fake DNS, fault backends, open-loop load, scenarios.
     Lab(upkeep_lab::cli::LabArgs),
     /// Run the scenario catalog briefly against upkeep and every installed peer proxy.
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => upkeep_proxy::cli::serve(args),
         Command::Check(args) => upkeep_proxy::cli::check(args),
         Command::Reload(args) => upkeep_proxy::cli::reload(args),
+        Command::Upgrade(args) => upkeep_proxy::cli::upgrade(args),
         Command::Lab(args) => upkeep_lab::cli::run(args),
         Command::Demo(args) => upkeep_lab::cli::run_demo(args),
         Command::Doctor(args) => upkeep_doctor::cli::run(args),

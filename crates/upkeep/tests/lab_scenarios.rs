@@ -90,6 +90,8 @@ upkeep_has_no_errors! {
     upkeep_has_no_errors_in_the_keepalive_race_with_post => "keepalive-race-post",
     upkeep_has_no_restarts_or_cuts_while_an_optional_group_is_down => "probe-cascade",
     upkeep_cuts_no_request_when_drained_with_sigterm => "drain",
+    upkeep_refuses_no_connection_across_a_binary_upgrade => "upgrade",
+    upkeep_has_no_errors_when_a_reload_changes_a_timeout_while_dns_is_silent => "reload-under-dns-failure",
 }
 
 #[test]
@@ -128,4 +130,23 @@ async fn the_rig_sees_nginx_fail_during_one_host_rst() {
         "errors not put down to the fault: {:?}",
         r.errors_by_cause
     );
+}
+
+/// nginx in the foreground ignores USR2 ("the changing binary signal is ignored"), so the
+/// `upgrade` scenario reports its row skipped with that reason rather than a row that did
+/// not upgrade anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_scenario_reports_why_nginx_cannot_run_it() {
+    if Binaries::discover(None, None).nginx.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "nginx is installed by .ci/run"
+        );
+        eprintln!("skipped: nginx is not installed (the CI installs Debian's package)");
+        return;
+    }
+    let r = run("upgrade", TargetKind::Nginx).await;
+    assert!(r.skipped, "nginx must not get a row that upgraded nothing");
+    let why = r.skip_reason.unwrap_or_default();
+    assert!(why.contains("ignores USR2"), "{why}");
 }

@@ -145,19 +145,28 @@ async fn run_inner(
             config,
         } => (label, pattern, config),
     };
-    let running =
-        match Running::start(kind, &opts.bins, label.clone(), &config, &rig, dir.path()).await {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(d) = dns {
-                    shutdown_dns(d).await;
-                }
-                let mut r = RunReport::skipped(&scenario.name, kind.name(), e.to_string());
-                r.label = label;
-                r.pattern = pattern;
-                return Ok(r);
+    let running = match Running::start_with(
+        kind,
+        &opts.bins,
+        label.clone(),
+        &config,
+        &rig,
+        dir.path(),
+        scenario.reloads_or_upgrades(),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(d) = dns {
+                shutdown_dns(d).await;
             }
-        };
+            let mut r = RunReport::skipped(&scenario.name, kind.name(), e.to_string());
+            r.label = label;
+            r.pattern = pattern;
+            return Ok(r);
+        }
+    };
     // Warm up: the first discovery and connections happen before the clock starts.
     let warm_deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < warm_deadline {
@@ -173,6 +182,7 @@ async fn run_inner(
         dns: dns.clone(),
         target_pid: running.pid(),
         target_kind: Some(kind),
+        target: running.control(),
     };
     let timeline = Timeline::start(scenario, handles, t0);
     let prober = scenario.probes.clone().map(|p| Prober::start(rig.admin, p));

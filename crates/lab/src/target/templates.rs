@@ -121,6 +121,16 @@ fn nginx_for_version(
             "nginx has no admin endpoints (/livez, /readyz, /startupz) for probes to ask".into(),
         );
     }
+    if scenario
+        .faults
+        .iter()
+        .any(|f| f.signal.as_deref() == Some("upgrade"))
+    {
+        // Measured: nginx logs "the changing binary signal is ignored" and keeps its binary.
+        return Prepared::Skip(
+            "nginx in the foreground (daemon off, as the lab and containers run it) ignores USR2: its binary upgrade needs a daemonized master".into(),
+        );
+    }
     let vtext = format!("{}.{}.{}", version.0, version.1, version.2);
     let names = scenario.dns_servers();
     let has_resolve = version >= NGINX_RESOLVE_SINCE;

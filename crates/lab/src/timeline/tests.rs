@@ -31,6 +31,7 @@ async fn a_timed_fault_holds_from_at_until_for_has_passed() {
         dns: None,
         target_pid: None,
         target_kind: None,
+        target: None,
     };
     let t0 = Instant::now();
     let tl = Timeline::start(&scenario, handles, t0);
@@ -100,6 +101,7 @@ signal = "stop"
             dns: None,
             target_pid: Some(child.id()),
             target_kind: Some(kind),
+            target: None,
         };
         let tl = Timeline::start(&scenario, handles, Instant::now());
         let mut exited = false;

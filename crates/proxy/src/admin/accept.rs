@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use super::{route, Reload, Role};
+use super::{route, Reload, Role, Upgrade};
 use crate::config::AdminConfig;
 use crate::state::Shared;
 
@@ -75,15 +75,23 @@ impl Backoff {
     }
 }
 
+/// What the routes that act on the process call, and where connections are tracked.
+#[derive(Clone)]
+pub(super) struct Hooks {
+    pub(super) reload: Reload,
+    pub(super) upgrade: Option<Upgrade>,
+    pub(super) conns: TaskTracker,
+}
+
 /// Serves one admin listener until the task running it is aborted.
 pub(super) async fn serve(
     listener: TcpListener,
     role: Role,
     limits: Limits,
     shared: Arc<Shared>,
-    reload: Reload,
+    hooks: Hooks,
 ) {
-    let tracker = TaskTracker::new();
+    let tracker = hooks.conns.clone();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut backoff = Backoff::new();
     let mut refused: u64 = 0;
@@ -111,12 +119,23 @@ pub(super) async fn serve(
             refuse(stream);
             continue;
         };
-        let (shared, reload) = (shared.clone(), reload.clone());
+        let (shared, hooks) = (shared.clone(), hooks.clone());
         tracker.spawn(async move {
             let _slot = slot;
-            let svc = service_fn(move |req| {
-                let (shared, reload) = (shared.clone(), reload.clone());
-                async move { Ok::<_, Infallible>(route(req, role, peer, &shared, &*reload)) }
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let (shared, hooks) = (shared.clone(), hooks.clone());
+                async move {
+                    // The one route that waits (for the new process): answered here, so
+                    // the others stay plain functions of the request.
+                    if role == Role::Control
+                        && req.method() == http::Method::POST
+                        && req.uri().path() == "/upgrade"
+                    {
+                        let r = super::upgrade(&req, peer, &shared, hooks.upgrade.as_ref()).await;
+                        return Ok::<_, Infallible>(r);
+                    }
+                    Ok::<_, Infallible>(route(req, role, peer, &shared, &*hooks.reload))
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -1,4 +1,4 @@
-//! The bearer token `POST /reload` requires when `[admin] token_file` is set. The file is
+//! The bearer token `POST /reload` and `POST /upgrade` require when `[admin] token_file` is set. The file is
 //! read on each reload request, so a rotated Secret applies without a restart, and the
 //! comparison takes the same time wherever the first differing byte is.
 
@@ -36,7 +36,7 @@ impl Denied {
     pub(super) fn response(self) -> Response<Full<Bytes>> {
         let mut r = text(
             StatusCode::UNAUTHORIZED,
-            "POST /reload needs Authorization: Bearer <the token in [admin] token_file>\n".into(),
+            "POST /reload and POST /upgrade need Authorization: Bearer <the token in [admin] token_file>\n".into(),
             "text/plain",
         );
         r.headers_mut().insert(

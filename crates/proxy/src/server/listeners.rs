@@ -3,6 +3,7 @@
 //! take the new settings and certificate for new connections; all stop at shutdown.
 
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -10,7 +11,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
 
-use super::bind::{bind_copies, BindError};
+use super::bind::{bind_copies, BindError, Socks};
+use super::handover::{Handed, Inherited, Kind};
 use crate::config::ListenerConfig;
 use crate::listener::{accept_loop, tls_acceptor, Live, Signals};
 use crate::state::Shared;
@@ -25,6 +27,10 @@ struct Entry {
     close: watch::Sender<bool>,
     /// The accept loops of this address.
     accepting: TaskTracker,
+    /// Duplicates of the listening sockets, to hand to a new binary on upgrade.
+    handover: Vec<OwnedFd>,
+    /// The claim on the address (see `bind`), held as long as the address is served.
+    lock: Option<OwnedFd>,
 }
 
 /// An accept loop for a worker thread to run.
@@ -39,7 +45,7 @@ pub(crate) struct Job {
 /// is changed, so a failure leaves the running listeners untouched.
 pub(crate) struct Plan {
     update: Vec<(SocketAddr, Live, bool)>,
-    add: Vec<(Vec<std::net::TcpListener>, Live)>,
+    add: Vec<(Socks, Live)>,
     remove: Vec<SocketAddr>,
 }
 
@@ -62,6 +68,8 @@ pub(crate) struct Listeners {
     workers: Mutex<Vec<mpsc::UnboundedSender<Job>>>,
     conns: TaskTracker,
     list: Mutex<Vec<Entry>>,
+    /// Sockets handed over by the process this one upgraded, taken before binding anew.
+    inherited: Option<Arc<Inherited>>,
 }
 
 /// Reads a listener's certificate and key (when it has TLS) into its settings.
@@ -83,36 +91,72 @@ impl Listeners {
         copies: usize,
         workers: Vec<mpsc::UnboundedSender<Job>>,
         conns: TaskTracker,
+        inherited: Option<Arc<Inherited>>,
     ) -> Self {
         Self {
             copies,
             workers: Mutex::new(workers),
             conns,
             list: Mutex::new(Vec::new()),
+            inherited,
         }
     }
 
+    /// The sockets of `addr`: handed over by the old process on an upgrade, else bound.
+    fn bind(&self, addr: SocketAddr) -> Result<Socks, BindError> {
+        if let Some(got) = self.inherited.as_ref().and_then(|i| i.take_listener(addr)) {
+            return got.map_err(|source| BindError::Io { addr, source });
+        }
+        bind_copies(addr, self.copies)
+    }
+
+    /// Duplicates of every listening socket and claim, named by configured address, for a
+    /// binary upgrade.
+    pub(crate) fn handover(&self) -> std::io::Result<Vec<Handed>> {
+        let list = self.list.lock().unwrap();
+        let mut out = Vec::new();
+        for e in list.iter() {
+            for fd in &e.handover {
+                out.push(Handed {
+                    kind: Kind::Listener,
+                    addr: e.listen,
+                    fd: fd.try_clone()?,
+                });
+            }
+            if let Some(fd) = &e.lock {
+                out.push(Handed {
+                    kind: Kind::Lock,
+                    addr: e.listen,
+                    fd: fd.try_clone()?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Binds every listener of `cfgs` (start-up); nothing is served until `start`.
-    pub(crate) fn bind_all(
-        &self,
-        cfgs: &[ListenerConfig],
-    ) -> Result<Vec<(Vec<std::net::TcpListener>, Live)>, String> {
+    pub(crate) fn bind_all(&self, cfgs: &[ListenerConfig]) -> Result<Vec<(Socks, Live)>, String> {
         let mut out = Vec::new();
         for c in cfgs {
             let l = live(c)?;
-            let socks = bind_copies(c.listen, self.copies).map_err(|e| e.to_string())?;
+            let socks = self.bind(c.listen).map_err(|e| e.to_string())?;
             out.push((socks, l));
         }
         Ok(out)
     }
 
     /// Starts serving already-bound sockets for one address.
-    pub(crate) fn start(
-        &self,
-        socks: Vec<std::net::TcpListener>,
-        live: Live,
-        shared: &Arc<Shared>,
-    ) {
+    pub(crate) fn start(&self, socks: Socks, live: Live, shared: &Arc<Shared>) {
+        let Socks {
+            copies: socks,
+            lock,
+        } = socks;
+        // A socket whose duplicate fails is served but not handed over; an upgrade then
+        // re-binds that address in the new process.
+        let handover = socks
+            .iter()
+            .filter_map(|s| s.try_clone().ok().map(OwnedFd::from))
+            .collect();
         let listen = live.cfg.listen;
         let local = socks
             .first()
@@ -160,6 +204,8 @@ impl Listeners {
             stop,
             close,
             accepting,
+            handover,
+            lock,
         });
     }
 
@@ -194,7 +240,7 @@ impl Listeners {
                     let changed = *e.live.load().cfg != *c;
                     plan.update.push((c.listen, l, changed));
                 }
-                None => match bind_copies(c.listen, self.copies) {
+                None => match self.bind(c.listen) {
                     Ok(socks) => plan.add.push((socks, l)),
                     Err(e @ BindError::InUse(_)) => problems.push(format!("listener {e}")),
                     Err(e) => problems.push(format!("listener: {e}")),
@@ -237,7 +283,7 @@ impl Listeners {
             }
         }
         for (socks, l) in plan.add {
-            if let Some(a) = socks.first().and_then(|s| s.local_addr().ok()) {
+            if let Some(a) = socks.copies.first().and_then(|s| s.local_addr().ok()) {
                 ch.bound.push(a);
             }
             self.start(socks, l, shared);
