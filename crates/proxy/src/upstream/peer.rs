@@ -1,5 +1,8 @@
 //! A peer (one address) and its passive health: consecutive failures eject it for a time that
-//! doubles with repeated ejections; one success brings it back at once.
+//! doubles with repeated ejections; one success brings it back at once, and while it then
+//! stays back the doubling winds down again (Envoy's outlier detection decrements its
+//! ejection multiplier the same way), so a peer that blips now and then is never kept out
+//! for a time its own history of blips built up.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,9 +31,15 @@ pub struct Peer {
 #[derive(Debug, Default)]
 struct Health {
     consecutive_failures: u32,
+    /// Ejections so far (shown in `/upstreams`).
     ejections: u32,
+    /// The backoff step: the next ejection lasts `base_ejection` x 2^level (capped).
+    level: u32,
     ejected_until: Option<Instant>,
     last_ejected_at: Option<Instant>,
+    /// When a success (a request or an active check) last ended an ejection: the backoff
+    /// winds down from then on.
+    restored_at: Option<Instant>,
     active_down: bool,
     active_streak: u32,
 }
@@ -69,12 +78,57 @@ pub struct PeerView {
     pub ejected_for_ms: Option<u64>,
     /// Consecutive failures.
     pub consecutive_failures: u32,
-    /// Ejections so far (drives the backoff).
+    /// Ejections so far.
     pub ejections: u32,
     /// Requests in flight.
     pub active_requests: usize,
     /// Idle pooled connections.
     pub idle_connections: usize,
+}
+
+impl Health {
+    /// A success ends the ejection (if any) now; the backoff winds down from here.
+    fn end_ejection_by_success(&mut self) {
+        self.consecutive_failures = 0;
+        if self.ejected_until.take().is_some() {
+            self.restored_at = Some(Instant::now());
+        }
+    }
+}
+
+/// How long an ejection at backoff step `level` lasts: `base_ejection` x 2^level, capped.
+fn ejection_time(cfg: &HealthConfig, level: u32) -> Duration {
+    let factor = 1u32.checked_shl(level.min(16)).unwrap_or(u32::MAX);
+    cfg.base_ejection
+        .saturating_mul(factor)
+        .min(cfg.max_ejection)
+}
+
+/// Lowers the backoff step for the time the peer has been back since a success ended its
+/// last ejection: each stretch back as long as the ejection one step down takes that step
+/// off (after a 16 s ejection: 16 s back -> the next is 16 s, not 30; 8 s more -> 8 s; ...),
+/// so a peer back for about twice its last ejection starts over at `base_ejection`. A peer whose last ejection is
+/// older than 4 x `max_ejection` starts over too, whether or not traffic proved it back.
+fn unwind_backoff(h: &mut Health, cfg: &HealthConfig, now: Instant) {
+    if h.last_ejected_at
+        .is_some_and(|t| now.duration_since(t) > cfg.max_ejection * 4)
+    {
+        h.level = 0;
+    }
+    // Only a success proves the peer was back; an ejection that merely ran out (a failed
+    // trial next) keeps its step, so a peer that stays broken still backs off.
+    let Some(back) = h.restored_at.take() else {
+        return;
+    };
+    let mut healthy_for = now.saturating_duration_since(back);
+    while h.level > 0 {
+        let step = ejection_time(cfg, h.level - 1);
+        if healthy_for < step {
+            break;
+        }
+        healthy_for -= step;
+        h.level -= 1;
+    }
 }
 
 impl Peer {
@@ -140,7 +194,9 @@ impl Peer {
             return;
         }
         h.consecutive_failures = 0;
-        h.ejected_until = None;
+        if h.ejected_until.take().is_some() {
+            h.restored_at = Some(Instant::now());
+        }
         self.unhealthy.store(h.active_down, Ordering::Relaxed);
     }
 
@@ -170,18 +226,14 @@ impl Peer {
         if h.ejected_until.is_some_and(|t| now < t) {
             return FailureEffect::Counted;
         }
-        // A peer that stayed healthy for a long while starts its backoff over.
-        if h.last_ejected_at
-            .is_some_and(|t| now.duration_since(t) > cfg.max_ejection * 4)
-        {
-            h.ejections = 0;
+        unwind_backoff(&mut h, cfg, now);
+        let time = ejection_time(cfg, h.level);
+        // The step stops growing at the cap, so winding down from it never takes longer
+        // than from the first capped ejection.
+        if time < cfg.max_ejection {
+            h.level += 1;
         }
-        let factor = 1u32.checked_shl(h.ejections.min(16)).unwrap_or(u32::MAX);
-        let time = cfg
-            .base_ejection
-            .saturating_mul(factor)
-            .min(cfg.max_ejection);
-        h.ejections += 1;
+        h.ejections = h.ejections.saturating_add(1);
         h.ejected_until = Some(now + time);
         h.last_ejected_at = Some(now);
         self.unhealthy.store(true, Ordering::Relaxed);
@@ -201,14 +253,12 @@ impl Peer {
                 h.active_streak = 0;
                 if ok {
                     // Seen working: an ejection ends now, not when its timer does.
-                    h.ejected_until = None;
-                    h.consecutive_failures = 0;
+                    h.end_ejection_by_success();
                 }
             }
         }
         if ok && !h.active_down {
-            h.ejected_until = None;
-            h.consecutive_failures = 0;
+            h.end_ejection_by_success();
         }
         let unhealthy = h.active_down || h.ejected_until.is_some();
         self.unhealthy.store(unhealthy, Ordering::Relaxed);
@@ -285,6 +335,109 @@ mod tests {
             );
         }
         assert_eq!(times, vec![2, 4, 8, 16, 30, 30]);
+    }
+
+    /// Ejects `p` (three failures now) and returns the ejection time.
+    fn eject(p: &Peer) -> Duration {
+        let now = Instant::now();
+        let effects: Vec<_> = (0..3)
+            .map(|_| p.record_failure(&cfg(), 1, now, || true))
+            .collect();
+        effects
+            .iter()
+            .find_map(|e| match e {
+                FailureEffect::Ejected(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("expected an ejection, got {effects:?}"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn repeated_blips_with_recovery_between_start_each_ejection_at_base() {
+        // bench/soak.sh's RST blip: refused for 2 s every 50 s. The first ejection (2 s) runs
+        // out while the blip lasts, so the trial fails and the second lasts 4 s; then a trial
+        // succeeds and the peer serves for 44 s until the next blip.
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        for blip in 0..6 {
+            let first = eject(&p);
+            assert_eq!(
+                first,
+                Duration::from_secs(2),
+                "blip {blip} started above base"
+            );
+            tokio::time::advance(first).await;
+            assert_eq!(eject(&p), Duration::from_secs(4), "a failed trial doubles");
+            tokio::time::advance(Duration::from_secs(4)).await;
+            p.record_success(Instant::now());
+            assert!(p.is_healthy(Instant::now()));
+            tokio::time::advance(Duration::from_secs(44)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_winds_down_one_step_per_stretch_back() {
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        // Four ejections in a row, each ending with a failed trial: 2, 4, 8, 16 s.
+        for want in [2, 4, 8, 16] {
+            let t = eject(&p);
+            assert_eq!(t, Duration::from_secs(want));
+            tokio::time::advance(t).await;
+        }
+        // Back (a trial succeeded) for as long as the last ejection: one step off, the next
+        // ejection is 16 s again, not 30.
+        p.record_success(Instant::now());
+        tokio::time::advance(Duration::from_secs(16)).await;
+        assert_eq!(eject(&p), Duration::from_secs(16));
+        tokio::time::advance(Duration::from_secs(16)).await;
+        // Back for 16 + 8 s: two steps off (16 -> 8).
+        p.record_success(Instant::now());
+        tokio::time::advance(Duration::from_secs(24)).await;
+        assert_eq!(eject(&p), Duration::from_secs(8));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        // Back for 8 + 4 + 2 s: base again.
+        p.record_success(Instant::now());
+        tokio::time::advance(Duration::from_secs(14)).await;
+        assert_eq!(eject(&p), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ejection_that_only_ran_out_keeps_its_step() {
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        assert_eq!(eject(&p), Duration::from_secs(2));
+        // No success proved it back: 20 s later (no traffic) it still backs off.
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(eject(&p), Duration::from_secs(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_active_check_success_starts_the_wind_down_too() {
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        for want in [2, 4, 8] {
+            let t = eject(&p);
+            assert_eq!(t, Duration::from_secs(want));
+            tokio::time::advance(t).await;
+        }
+        assert_eq!(eject(&p), Duration::from_secs(16));
+        assert!(!p.record_check(true, 1, 2));
+        assert!(p.is_healthy(Instant::now()));
+        // 16 + 8 + 4 + 2 s: a peer back for about twice its last ejection starts over at base.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(eject(&p), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_step_stops_at_the_cap() {
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        for _ in 0..20 {
+            let t = eject(&p);
+            tokio::time::advance(t).await;
+        }
+        assert_eq!(eject(&p), Duration::from_secs(30));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        // The step stayed at the cap: back for 20 s takes one step off (16 s), not 20 - 16.
+        p.record_success(Instant::now());
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(eject(&p), Duration::from_secs(16));
     }
 
     #[tokio::test(start_paused = true)]
