@@ -47,6 +47,11 @@ pub struct ConnActivity {
     send_timed_out: AtomicBool,
     /// Upgrade outcome and the tunnel that takes the connection over after a `101`.
     pub upgrade: crate::upgrade::ConnUpgrade,
+    /// The header read timeout ran out with part of a head received: the next read answers
+    /// 408 (HTTP/1) and fails, ending the connection.
+    head_timed_out: AtomicBool,
+    /// That read found part of an HTTP/1 head held back and answered it `408`.
+    head_timeout_answered: AtomicBool,
 }
 
 impl ConnActivity {
@@ -62,6 +67,8 @@ impl ConnActivity {
             refusal: std::sync::OnceLock::new(),
             send_timed_out: AtomicBool::new(false),
             upgrade: crate::upgrade::ConnUpgrade::default(),
+            head_timed_out: AtomicBool::new(false),
+            head_timeout_answered: AtomicBool::new(false),
         }
     }
 
@@ -149,7 +156,10 @@ impl<IO> Guarded<IO> {
             preface_left: if h2 { H2_PREFACE.len() } else { 0 },
             send: SendTimer::new(send_timeout),
         };
-        g.take_in(prefix.len(), Some(prefix));
+        // Nothing read yet (TLS): the header read timeout keeps running from accept.
+        if !prefix.is_empty() {
+            g.take_in(prefix.len(), Some(prefix));
+        }
         g
     }
 
@@ -208,13 +218,39 @@ impl<IO> Guarded<IO> {
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
+impl<IO: AsyncWrite + Unpin> Guarded<IO> {
+    /// The header read timeout ran out: a client that sent part of an HTTP/1 head (held
+    /// back by the framing check, so hyper has seen none of it and writes nothing) gets
+    /// `408 client_timeout` before the close; one that sent nothing, or an HTTP/2 client,
+    /// is closed silently. Best effort: a client that does not read either gets nothing.
+    fn answer_head_timeout(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let partial_head = self.framer.as_ref().is_some_and(|f| f.head_in_progress());
+        if partial_head
+            && !self
+                .activity
+                .head_timeout_answered
+                .swap(true, Ordering::Relaxed)
+        {
+            let _ = Pin::new(&mut self.io).poll_write(cx, crate::refused::HEAD_TIMEOUT_RESPONSE);
+            let _ = Pin::new(&mut self.io).poll_flush(cx);
+        }
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no complete request head within header_read_timeout",
+        )))
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.activity.head_timed_out.load(Ordering::Relaxed) {
+            return this.answer_head_timeout(cx);
+        }
         loop {
             if !this.out.is_empty() {
                 let n = this.out.len().min(buf.remaining());
@@ -608,6 +644,7 @@ async fn drive<C: GracefulConn>(
                         }
                         Some(Expired::HeadTimeout) => {
                             count_timeout(shared, "header_read");
+                            head_timed_out(conn.as_mut(), ctx).await;
                             return;
                         }
                         _ => {}
@@ -615,6 +652,23 @@ async fn drive<C: GracefulConn>(
                 }
             }
         }
+    }
+}
+
+/// Ends a connection whose request head did not complete in time: its next read answers
+/// `408` if part of an HTTP/1 head came (logged and counted like every refused request) and
+/// fails; hyper then ends the connection, given a second at most to close it cleanly.
+async fn head_timed_out<C: GracefulConn>(conn: Pin<&mut C>, ctx: &ConnCtx) {
+    ctx.activity.head_timed_out.store(true, Ordering::Relaxed);
+    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+    if ctx.activity.head_timeout_answered.load(Ordering::Relaxed) {
+        crate::refused::record(
+            &ctx.shared,
+            ctx.remote,
+            "HTTP/1.1",
+            crate::error::Cause::ClientTimeout,
+            Some("header_read_timeout"),
+        );
     }
 }
 

@@ -33,6 +33,18 @@ pub fn classify(
     }
 }
 
+/// What a client that sent part of a request head and then went silent for
+/// `header_read_timeout` gets before the close: the response `rescue` makes for
+/// `client_timeout`, written by the listener itself (hyper has seen none of the head).
+pub const HEAD_TIMEOUT_RESPONSE: &[u8] = b"HTTP/1.1 408 Request Timeout\r\n\
+upkeep-error: client_timeout\r\n\
+content-type: text/plain; charset=utf-8\r\n\
+cache-control: no-store\r\n\
+connection: close\r\n\
+content-length: 23\r\n\
+\r\n\
+upkeep: client_timeout\n";
+
 /// The framing check's note for a target hyper answers 414.
 pub const URI_TOO_LONG: &str = "uri_too_long";
 
@@ -78,5 +90,36 @@ pub fn record(
             incomplete: false,
             format: shared.state.load().config.access_log_format,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_head_timeout_response_is_the_rescue_response_for_client_timeout() {
+        let mut headers = [httparse::EMPTY_HEADER; 8];
+        let mut resp = httparse::Response::new(&mut headers);
+        let httparse::Status::Complete(n) = resp.parse(HEAD_TIMEOUT_RESPONSE).unwrap() else {
+            panic!("incomplete head")
+        };
+        assert_eq!(resp.code, Some(Cause::ClientTimeout.status().as_u16()));
+        let generated = crate::rescue::generated(Cause::ClientTimeout, None);
+        let header = |name: &str| {
+            resp.headers
+                .iter()
+                .find(|h| h.name == name)
+                .map(|h| std::str::from_utf8(h.value).unwrap())
+        };
+        for (name, value) in generated.headers() {
+            assert_eq!(header(name.as_str()), value.to_str().ok(), "{name}");
+        }
+        let body = &HEAD_TIMEOUT_RESPONSE[n..];
+        assert_eq!(body, b"upkeep: client_timeout\n");
+        assert_eq!(
+            header("content-length"),
+            Some(body.len().to_string().as_str())
+        );
     }
 }
