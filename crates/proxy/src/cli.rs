@@ -153,6 +153,7 @@ pub fn quick_start(
 /// Runs the proxy.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_tracing(&args.log_level, &args.log_format);
+    crate::boundary::log_panics_outside_requests();
     // Before the config is read: the default `max_connections` derives from this limit.
     let nofile = crate::limits::raise_nofile();
     tracing::debug!(nofile, "file-descriptor limit");

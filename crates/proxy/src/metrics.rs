@@ -294,6 +294,11 @@ impl Metrics {
             m.build_info.clone(),
         );
         r.register(
+            "panics",
+            "Panics caught: in a request (answered 500 internal) or in a background task",
+            crate::boundary::panics(),
+        );
+        r.register(
             "timeouts",
             "Connections and bodies cut by a timeout (header_read, client_body, send, read)",
             m.timeouts.clone(),
