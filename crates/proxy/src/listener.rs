@@ -2,6 +2,7 @@
 //! idle and header-read timeouts, graceful shutdown.
 
 mod framing;
+mod h2_resets;
 mod limit;
 mod tls;
 
@@ -52,6 +53,9 @@ pub struct ConnActivity {
     head_timed_out: AtomicBool,
     /// That read found part of an HTTP/1 head held back and answered it `408`.
     head_timeout_answered: AtomicBool,
+    /// HTTP/2 streams the codec refused (reset) since the connection's task last logged them.
+    refused_streams: std::sync::Mutex<Vec<(crate::error::Cause, &'static str)>>,
+    refused_streams_pending: AtomicBool,
 }
 
 impl ConnActivity {
@@ -69,6 +73,8 @@ impl ConnActivity {
             upgrade: crate::upgrade::ConnUpgrade::default(),
             head_timed_out: AtomicBool::new(false),
             head_timeout_answered: AtomicBool::new(false),
+            refused_streams: std::sync::Mutex::new(Vec::new()),
+            refused_streams_pending: AtomicBool::new(false),
         }
     }
 
@@ -135,6 +141,8 @@ struct Guarded<IO> {
     /// HTTP/2 preface bytes still to come; the header read timeout runs until they have.
     preface_left: usize,
     send: SendTimer,
+    /// HTTP/2: the server's frames, watched for streams the codec refuses.
+    resets: Option<h2_resets::ResetWatch>,
 }
 
 impl<IO> Guarded<IO> {
@@ -155,12 +163,39 @@ impl<IO> Guarded<IO> {
             refused: false,
             preface_left: if h2 { H2_PREFACE.len() } else { 0 },
             send: SendTimer::new(send_timeout),
+            resets: h2.then(h2_resets::ResetWatch::default),
         };
         // Nothing read yet (TLS): the header read timeout keeps running from accept.
         if !prefix.is_empty() {
             g.take_in(prefix.len(), Some(prefix));
         }
         g
+    }
+
+    /// Follows what the server wrote (HTTP/2 only): a stream the codec reset as refused is
+    /// noted for the connection's task to log and count.
+    fn wrote<'a>(&mut self, written: usize, bufs: impl IntoIterator<Item = &'a [u8]>) {
+        let Some(watch) = &mut self.resets else {
+            return;
+        };
+        let activity = &self.activity;
+        let mut left = written;
+        for b in bufs {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(b.len());
+            left -= n;
+            watch.feed(&b[..n], |code| {
+                if let Some(r) = h2_resets::refusal(code) {
+                    activity.refused_streams.lock().unwrap().push(r);
+                    activity
+                        .refused_streams_pending
+                        .store(true, Ordering::Release);
+                    activity.changed.notify_one();
+                }
+            });
+        }
     }
 
     fn take_in(&mut self, n: usize, from: Option<&[u8]>) {
@@ -336,6 +371,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         // flight, when the idle clock does not run, and `InFlight` stamps its end.
         let this = &mut *self;
         let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.wrote(n, [buf]);
+        }
         this.send.check(cx, r, &this.activity)
     }
 
@@ -346,6 +384,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.wrote(n, bufs.iter().map(|b| &**b));
+        }
         this.send.check(cx, r, &this.activity)
     }
 
@@ -604,6 +645,7 @@ async fn drive<C: GracefulConn>(
     let mut close_pending = *signals.close_idle.borrow();
     let mut closing = false;
     loop {
+        log_refused_streams(ctx);
         if close_pending && !closing && may_close(activity, cfg) {
             closing = true;
             conn.as_mut().graceful();
@@ -614,6 +656,7 @@ async fn drive<C: GracefulConn>(
         }
         tokio::select! {
             r = conn.as_mut() => {
+                log_refused_streams(ctx);
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "downstream connection ended with an error");
                     // hyper answered a request it could not parse (400, 414, 431) itself.
@@ -652,6 +695,21 @@ async fn drive<C: GracefulConn>(
                 }
             }
         }
+    }
+}
+
+/// Logs and counts the HTTP/2 streams the codec refused since the last call.
+fn log_refused_streams(ctx: &ConnCtx) {
+    if !ctx
+        .activity
+        .refused_streams_pending
+        .swap(false, Ordering::AcqRel)
+    {
+        return;
+    }
+    let refused = std::mem::take(&mut *ctx.activity.refused_streams.lock().unwrap());
+    for (cause, reason) in refused {
+        crate::refused::record(&ctx.shared, ctx.remote, "HTTP/2", cause, Some(reason));
     }
 }
 

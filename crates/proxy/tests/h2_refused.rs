@@ -1,0 +1,216 @@
+//! HTTP/2 streams refused below the handler (over `max_concurrent_streams`, a malformed head
+//! such as an invalid `:authority`) are access-logged and counted like HTTP/1 refusals. The
+//! client speaks raw frames: well-behaved h2 clients cannot be made to send these.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use support::metric;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use upkeep_proxy::access_log::AccessLogger;
+use upkeep_proxy::config::AccessLog;
+use upkeep_proxy::server::{start_with, Running};
+use upkeep_test_support::TestBackend;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn temp_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("upkeep-h2-refused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join(name);
+    let _ = std::fs::remove_file(&f);
+    f
+}
+
+async fn upkeep_logging(toml: &str, log: &Path) -> Running {
+    upkeep_test_support::init_tracing();
+    let cfg = upkeep_proxy::config::parse(Path::new("test.toml"), toml).expect("test config");
+    let logger = AccessLogger::start(&AccessLog::File(log.to_owned())).unwrap();
+    start_with(cfg, None, logger).await.expect("upkeep starts")
+}
+
+fn frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], ty, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A header block of HPACK literals without indexing (new names), no Huffman coding.
+fn block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for (name, value) in fields {
+        b.push(0x00);
+        b.push(name.len() as u8);
+        b.extend_from_slice(name.as_bytes());
+        b.push(value.len() as u8);
+        b.extend_from_slice(value.as_bytes());
+    }
+    b
+}
+
+fn request(method: &str, authority: &str) -> Vec<u8> {
+    block(&[
+        (":method", method),
+        (":scheme", "http"),
+        (":path", "/"),
+        (":authority", authority),
+    ])
+}
+
+/// Connects, exchanges prefaces and settings (acknowledging the server's, so its
+/// `max_concurrent_streams` is in force).
+async fn connect(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(PREFACE).await.unwrap();
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    loop {
+        let (ty, flags, _, _) = read_frame(&mut s).await;
+        if ty == SETTINGS && flags & 0x1 == 0 {
+            s.write_all(&frame(SETTINGS, 0x1, 0, &[])).await.unwrap();
+            return s;
+        }
+    }
+}
+
+async fn read_frame(s: &mut TcpStream) -> (u8, u8, u32, Vec<u8>) {
+    let mut head = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head))
+        .await
+        .expect("a frame within 5 s")
+        .expect("connection open");
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5] & 0x7f, head[6], head[7], head[8]]);
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await.unwrap();
+    (head[3], head[4], stream, payload)
+}
+
+/// Reads frames until one of type `ty` on `stream`; returns its payload.
+async fn wait_for(s: &mut TcpStream, ty: u8, stream: u32) -> Vec<u8> {
+    loop {
+        let (t, _, id, payload) = read_frame(s).await;
+        if t == ty && id == stream {
+            return payload;
+        }
+    }
+}
+
+async fn log_lines(log: &Path, want: usize) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    for _ in 0..60 {
+        lines = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .collect();
+        if lines.len() >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_with_an_invalid_authority_is_refused_logged_and_counted() {
+    let b = TestBackend::start("b").await;
+    let log = temp_file("authority.log");
+    let up = upkeep_logging(&support::one_group(&[b.addr()], ""), &log).await;
+    let mut s = connect(up.listeners[0]).await;
+    s.write_all(&frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        1,
+        &request("GET", "["),
+    ))
+    .await
+    .unwrap();
+    let code = wait_for(&mut s, RST_STREAM, 1).await;
+    assert_eq!(code, 1u32.to_be_bytes(), "PROTOCOL_ERROR");
+    // The connection serves on: a valid request on the next stream is answered.
+    s.write_all(&frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &request("GET", "a.test"),
+    ))
+    .await
+    .unwrap();
+    wait_for(&mut s, HEADERS, 3).await;
+    assert_eq!(
+        b.seen().len(),
+        1,
+        "only the valid stream reached the upstream"
+    );
+    assert_eq!(
+        metric(
+            &up,
+            "upkeep_responses_total{origin=\"proxy\",class=\"4xx\",cause=\"bad_request\"}"
+        )
+        .await,
+        1.0
+    );
+    let lines = log_lines(&log, 2).await;
+    let refused: Vec<_> = lines.iter().filter(|l| l["status"] == 400).collect();
+    assert_eq!(refused.len(), 1, "{lines:?}");
+    assert_eq!(refused[0]["proto"], "HTTP/2");
+    assert_eq!(refused[0]["cause"], "bad_request");
+    assert_eq!(refused[0]["reason"], "malformed_stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_over_max_concurrent_streams_are_refused_logged_and_counted() {
+    let b = TestBackend::start("b").await;
+    let log = temp_file("streams.log");
+    let cfg = support::one_group(&[b.addr()], "").replacen(
+        "listen = \"127.0.0.1:0\"\n\n[[route]]",
+        "listen = \"127.0.0.1:0\"\nclient_body_timeout = \"5s\"\n\n[[route]]",
+        1,
+    );
+    let up = upkeep_logging(&cfg, &log).await;
+    let mut s = connect(up.listeners[0]).await;
+    // 200 streams (the advertised limit) stay open: their request bodies never come. The
+    // 201st and 202nd are over the limit.
+    let mut burst = Vec::new();
+    for i in 0..202u32 {
+        burst.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            1 + 2 * i,
+            &request("POST", "a.test"),
+        ));
+    }
+    s.write_all(&burst).await.unwrap();
+    for id in [401, 403] {
+        let code = wait_for(&mut s, RST_STREAM, id).await;
+        assert_eq!(code, 7u32.to_be_bytes(), "REFUSED_STREAM on {id}");
+    }
+    assert_eq!(
+        metric(
+            &up,
+            "upkeep_responses_total{origin=\"proxy\",class=\"5xx\",cause=\"overloaded\"}"
+        )
+        .await,
+        2.0
+    );
+    let lines = log_lines(&log, 2).await;
+    let refused: Vec<_> = lines
+        .iter()
+        .filter(|l| l["reason"] == "refused_stream")
+        .collect();
+    assert_eq!(refused.len(), 2, "{lines:?}");
+    assert_eq!(refused[0]["proto"], "HTTP/2");
+    assert_eq!(refused[0]["cause"], "overloaded");
+    assert_eq!(refused[0]["status"], 503);
+}
