@@ -3,6 +3,7 @@
 
 mod framing;
 mod h2_resets;
+mod h2_stall;
 mod limit;
 mod tls;
 
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -594,9 +595,18 @@ where
     let framer = (!h2).then(|| Framer::new(cfg.max_header_bytes));
     let io = Guarded::new(io, framer, prefix, activity.clone(), cfg.send_timeout);
     let conn_ctx = ctx.clone();
-    let svc = service_fn(move |req| handle(req, ctx.clone()));
     if h2 {
-        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        // Each stream's body is watched for a client that grants no window (send_timeout).
+        let svc = service_fn(move |req| {
+            let ctx = ctx.clone();
+            async move {
+                handle(req, ctx)
+                    .await
+                    .map(|r| r.map(h2_stall::StallWatch::new))
+            }
+        });
+        let exec = h2_stall::StreamExec::new(cfg.send_timeout, conn_ctx.shared.clone());
+        let conn = hyper::server::conn::http2::Builder::new(exec)
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(60)))
             .max_header_list_size(cfg.max_header_bytes.min(u32::MAX as usize) as u32)
@@ -605,6 +615,7 @@ where
             .serve_connection(TokioIo::new(io), svc);
         drive(conn, &conn_ctx, &cfg, signals).await;
     } else {
+        let svc = service_fn(move |req| handle(req, ctx.clone()));
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(None)

@@ -214,3 +214,72 @@ async fn h2_streams_over_max_concurrent_streams_are_refused_logged_and_counted()
     assert_eq!(refused[0]["cause"], "overloaded");
     assert_eq!(refused[0]["status"], 503);
 }
+
+/// A real h2 client (hyper's) with a 64 KiB stream window that stops reading a large
+/// response: the stream is reset at `send_timeout`, counted, and the connection serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_whose_client_grants_no_window_is_reset_at_send_timeout() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let b = TestBackend::start("b").await;
+    let cfg = support::one_group(&[b.addr()], "").replacen(
+        "listen = \"127.0.0.1:0\"\n\n[[route]]",
+        "listen = \"127.0.0.1:0\"\nsend_timeout = \"500ms\"\n\n[[route]]",
+        1,
+    );
+    let up = support::upkeep(&cfg).await;
+    let stream = TcpStream::connect(up.listeners[0]).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .adaptive_window(false)
+        .handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        http::Request::get(format!("http://a.test{path}"))
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let start = tokio::time::Instant::now();
+    let resp = sender.send_request(get("/bytes/4000000")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // Not read: no window is granted past the first 64 KiB.
+    let mut stalled = resp.into_body();
+    let mut series = 0.0;
+    for _ in 0..60 {
+        series = metric(&up, "upkeep_timeouts_total{timeout=\"send\"}").await;
+        if series >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cut_after = start.elapsed();
+    assert_eq!(series, 1.0, "the stalled stream was not cut within 3 s");
+    assert!(
+        cut_after >= Duration::from_millis(450),
+        "cut after {cut_after:?}, before send_timeout"
+    );
+    // Reading now: what was sent within the window, then the reset.
+    let mut got = 0usize;
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(3), stalled.frame()).await {
+            Ok(Some(Ok(f))) => got += f.data_ref().map_or(0, |d| d.len()),
+            Ok(Some(Err(e))) => break format!("error: {e}"),
+            Ok(None) => break "end".to_owned(),
+            Err(_) => break "timeout".to_owned(),
+        }
+    };
+    assert!(
+        ended.starts_with("error"),
+        "the stream was reset: {ended}, {got} bytes"
+    );
+    assert!(got < 4_000_000, "{got} bytes");
+    // The connection and its other streams go on.
+    let resp = sender.send_request(get("/ok")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"b /ok\n");
+}

@@ -1,0 +1,177 @@
+//! `send_timeout` for HTTP/2 streams. A client that stops granting flow-control window
+//! stalls a stream without ever blocking a socket write, so the connection's send timer
+//! never sees it: hyper simply stops asking the response body for more. Each stream's task
+//! is therefore spawned through [`StreamExec`], which knows when its body last handed over
+//! data that has not been taken since; after `send_timeout` of that the task is dropped,
+//! and h2 resets the stream (CANCEL) while the connection and its other streams go on.
+//!
+//! The measure is per chunk: a stream is cut when its last chunk (at most the upstream's
+//! read size) has not been taken within `send_timeout`, so a client that grants a window
+//! slower than one chunk per `send_timeout` is treated as stalled.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use crate::state::Shared;
+
+thread_local! {
+    /// The stream whose task is being polled on this thread, for its body to stamp.
+    static CURRENT: RefCell<Option<Arc<Stamp>>> = const { RefCell::new(None) };
+}
+
+/// When a stream's body last handed over data not taken since (ms after the epoch + 1; 0
+/// while nothing waits).
+#[derive(Debug)]
+struct Stamp {
+    epoch: Instant,
+    waiting_since: AtomicU64,
+}
+
+/// Spawns the tasks of one HTTP/2 connection's streams with the stall timer.
+#[derive(Clone)]
+pub struct StreamExec {
+    send_timeout: Duration,
+    shared: Arc<Shared>,
+}
+
+impl StreamExec {
+    /// For a connection whose listener has `send_timeout`.
+    pub fn new(send_timeout: Duration, shared: Arc<Shared>) -> Self {
+        Self {
+            send_timeout,
+            shared,
+        }
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for StreamExec
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(Watched {
+            inner: Box::pin(fut),
+            stamp: Arc::new(Stamp {
+                epoch: Instant::now(),
+                waiting_since: AtomicU64::new(0),
+            }),
+            limit: self.send_timeout,
+            timer: None,
+            shared: self.shared.clone(),
+        });
+    }
+}
+
+/// One stream's task under the stall timer.
+struct Watched<F> {
+    inner: Pin<Box<F>>,
+    stamp: Arc<Stamp>,
+    limit: Duration,
+    timer: Option<(u64, Pin<Box<Sleep>>)>,
+    shared: Arc<Shared>,
+}
+
+impl<F: Future<Output = ()>> Future for Watched<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let previous = CURRENT.with(|c| c.replace(Some(this.stamp.clone())));
+        let r = this.inner.as_mut().poll(cx);
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+        if r.is_ready() {
+            return Poll::Ready(());
+        }
+        let since = this.stamp.waiting_since.load(Ordering::Relaxed);
+        if since == 0 {
+            this.timer = None;
+            return Poll::Pending;
+        }
+        let due = this.stamp.epoch + Duration::from_millis(since - 1) + this.limit;
+        match &mut this.timer {
+            Some((at, t)) if *at == since => {
+                if t.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            _ => {
+                let mut t = Box::pin(tokio::time::sleep_until(due));
+                let fired = t.as_mut().poll(cx).is_ready();
+                this.timer = Some((since, t));
+                if !fired {
+                    return Poll::Pending;
+                }
+            }
+        }
+        // Dropping the task drops the stream's handle: h2 resets it, the upstream side is
+        // released, and the connection's other streams go on.
+        tracing::debug!(
+            send_timeout_ms = this.limit.as_millis() as u64,
+            "HTTP/2 stream: the client granted no window for send_timeout; reset"
+        );
+        this.shared
+            .metrics
+            .timeouts
+            .get_or_create(&crate::metrics::TimeoutLabel { timeout: "send" })
+            .inc();
+        Poll::Ready(())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body on an HTTP/2 stream: stamps its stream when it hands over data (the
+    /// next poll only comes once the client has window for more) and clears the stamp when
+    /// polled again.
+    pub struct StallWatch<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B> StallWatch<B> {
+    /// Wraps `inner`.
+    pub fn new(inner: B) -> Self {
+        Self { inner }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for StallWatch<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let r = self.project().inner.poll_frame(cx);
+        CURRENT.with(|c| {
+            if let Some(stamp) = c.borrow().as_ref() {
+                let handed_data = matches!(&r, Poll::Ready(Some(Ok(f))) if f.is_data());
+                let v = if handed_data {
+                    stamp.epoch.elapsed().as_millis() as u64 + 1
+                } else {
+                    0
+                };
+                stamp.waiting_since.store(v, Ordering::Relaxed);
+            }
+        });
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
