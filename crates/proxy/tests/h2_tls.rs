@@ -130,3 +130,56 @@ async fn tls_listener_serves_http2_and_http1_by_alpn() {
     assert_eq!(seen[0].headers["x-forwarded-proto"], "https");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Over TLS (ALPN http/1.1) the header read timeout runs from accept too: a client that
+/// completes the handshake and sends nothing is closed at it without a word (not held for
+/// `idle_timeout`), and one that sends part of a head gets `408 client_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_silent_client_is_closed_and_a_partial_head_gets_408_at_header_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let b = TestBackend::start("b").await;
+    let dir = std::env::temp_dir().join(format!("upkeep-tls-head-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = tls_files(&dir);
+    let cfg = one_group(&[b.addr()], "").replace(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!(
+            "[[listener]]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"400ms\"\ntls = {{ cert = \"{}\", key = \"{}\" }}\n",
+            dir.join("cert.pem").display(),
+            dir.join("key.pem").display()
+        ),
+    );
+    let up = upkeep(&cfg).await;
+    async fn to_close(
+        tls: &mut tokio_rustls::client::TlsStream<TcpStream>,
+    ) -> (String, std::time::Duration) {
+        let start = std::time::Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), tls.read(&mut buf)).await
+            {
+                Err(_) => panic!("not closed within 5 s"),
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        (String::from_utf8_lossy(&got).into_owned(), start.elapsed())
+    }
+    let mut silent = tls_connect(up.listeners[0], &ca, b"http/1.1").await;
+    let (text, t) = to_close(&mut silent).await;
+    assert_eq!(text, "");
+    assert!(t < std::time::Duration::from_secs(3), "closed after {t:?}");
+
+    let mut partial = tls_connect(up.listeners[0], &ca, b"http/1.1").await;
+    partial
+        .write_all(b"GET / HTTP/1.1\r\nHost: upkeep.test\r\n")
+        .await
+        .unwrap();
+    partial.flush().await.unwrap();
+    let (text, _) = to_close(&mut partial).await;
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text:?}");
+    assert!(text.contains("upkeep-error: client_timeout"), "{text:?}");
+    assert!(b.seen().is_empty());
+}
