@@ -377,8 +377,12 @@ impl Body for RespBody {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Full(d) => d.is_none(),
-            // Polled to the end even when empty, so the connection returns to the pool.
-            Inner::Upstream { body, checkin, .. } => checkin.is_none() && body.is_end_stream(),
+            // Polled to the end even when empty, so the connection returns to the pool (an
+            // HTTP/2 stream returns nothing: its end is told at once, so that a Trailers-Only
+            // gRPC answer stays one HEADERS frame).
+            Inner::Upstream { body, checkin, .. } => {
+                checkin.as_ref().is_none_or(|c| !c.returns_to_pool()) && body.is_end_stream()
+            }
         }
     }
 

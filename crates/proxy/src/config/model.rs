@@ -396,6 +396,8 @@ pub struct GroupConfig {
     /// An optional group degraded longer than this logs a warning and sets a gauge.
     #[serde(with = "secs")]
     pub degraded_alert_after: Duration,
+    /// HTTP version spoken to the peers.
+    pub protocol: super::UpstreamProtocol,
     /// Connection pool.
     pub pool: PoolConfig,
     /// DNS discovery policy.
@@ -421,6 +423,7 @@ impl GroupConfig {
             upgrade_idle_timeout: DEFAULT_UPGRADE_IDLE_TIMEOUT,
             deadline: Duration::from_secs(60),
             degraded_alert_after: Duration::from_secs(300),
+            protocol: super::UpstreamProtocol::Http1,
             pool: PoolConfig::default(),
             discovery: DiscoveryConfig::default(),
             health: HealthConfig::default(),

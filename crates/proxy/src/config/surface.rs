@@ -169,6 +169,7 @@ pub(crate) struct Group {
     pub health: Option<Health>,
     pub retry: Option<Retry>,
     pub tls: Option<GroupTls>,
+    pub protocol: Option<S<String>>,
 }
 
 /// `[groups.X.tls]`: how upkeep speaks TLS to the group's `https://` endpoints.

@@ -506,6 +506,11 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             }
         }
     }
+    let https = !schemes.is_empty() && schemes.iter().all(|(_, h, _)| *h);
+    match super::protocol::validate(g.protocol.as_ref(), https) {
+        Ok(p) => m.protocol = p,
+        Err((span, msg)) => cx.err(span, msg),
+    }
     if let Some(b) = &g.balance {
         m.balance = match b.get_ref().as_str() {
             "round_robin" => Balance::RoundRobin,
