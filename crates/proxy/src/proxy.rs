@@ -346,6 +346,8 @@ impl Outgoing {
     fn build(&mut self) -> Option<Request<ReqBody>> {
         let body = if self.bodyless {
             ReqBody::Empty
+        } else if let Some(ReqBody::Replay(r)) = &self.body {
+            ReqBody::Replay(r.rewind()?)
         } else {
             self.body.take()?
         };
@@ -365,6 +367,15 @@ impl Outgoing {
 
     fn replayable(&self) -> bool {
         self.bodyless || self.body.is_some()
+    }
+
+    /// Keeps the body as it goes out (up to `REPLAY_LIMIT`), so that an HTTP/2 peer's refusal
+    /// can be answered by sending it again.
+    fn keep_for_replay(&mut self) {
+        if matches!(self.body, Some(ReqBody::Stream(_))) {
+            let body = self.body.take().expect("matched above");
+            self.body = Some(ReqBody::Replay(crate::body::Replay::new(body)));
+        }
     }
 }
 
@@ -751,6 +762,9 @@ async fn attempt(
                 }
             }
         };
+        if conn.is_h2() {
+            out.keep_for_replay();
+        }
         let Some(mut req) = out.build() else {
             return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
         };

@@ -61,13 +61,13 @@ async fn streams_refused_by_goaway_are_sent_again_on_a_new_connection_whatever_t
     let listener = up.listeners[0];
     let mut tasks = Vec::new();
     for i in 0..6 {
-        let method = if i % 2 == 0 { "POST" } else { "GET" };
+        let method = if i % 2 == 0 { "POST" } else { "PATCH" };
         tasks.push(tokio::spawn(async move {
             let req = Request::builder()
                 .method(method)
                 .uri(format!("/r{i}"))
                 .header("host", "h2.test")
-                .body(Full::new(Bytes::new()))
+                .body(Full::new(Bytes::from(format!("body-{i}"))))
                 .unwrap();
             send(listener, req).await
         }));
@@ -87,6 +87,23 @@ async fn streams_refused_by_goaway_are_sent_again_on_a_new_connection_whatever_t
         answered[1].len(),
         5,
         "the five refused streams, sent again: {answered:?}"
+    );
+    // Each with its whole body, once.
+    let mut bodies: Vec<String> = b
+        .bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 5, "{bodies:?}");
+    assert!(
+        bodies
+            .iter()
+            .all(|b| (0..6).any(|i| *b == format!("body-{i}"))),
+        "{bodies:?}"
     );
     assert_eq!(
         metric(

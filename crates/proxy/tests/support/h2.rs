@@ -5,7 +5,8 @@
 //!   milliseconds; anything else answers at once; every answer carries a trailer `x-sum: 42`.
 //! - [`GoawayBackend`]: a frame-level HTTP/2 server. On its first connection it waits until
 //!   `expect` requests have arrived, answers stream 1 and sends GOAWAY with last-stream-id 1
-//!   (so every other stream was not processed); later connections answer every stream.
+//!   (so every other stream was not processed); later connections answer every stream once
+//!   its request has ended, and keep its body.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -113,6 +114,8 @@ pub struct GoawayBackend {
     pub addr: SocketAddr,
     /// Stream ids answered, per connection in accept order.
     pub answered: Arc<Mutex<Vec<Vec<u32>>>>,
+    /// Request bodies of the streams answered on later connections.
+    pub bodies: Arc<Mutex<Vec<Vec<u8>>>>,
     task: JoinHandle<()>,
 }
 
@@ -153,7 +156,9 @@ impl GoawayBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let answered: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+        let bodies: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let a = answered.clone();
+        let bs = bodies.clone();
         let task = tokio::spawn(async move {
             let mut first = true;
             loop {
@@ -167,14 +172,16 @@ impl GoawayBackend {
                 };
                 let goaway = std::mem::replace(&mut first, false);
                 let a = a.clone();
+                let bs = bs.clone();
                 tokio::spawn(async move {
-                    let _ = serve_raw(sock, goaway.then_some(expect), index, a).await;
+                    let _ = serve_raw(sock, goaway.then_some(expect), index, a, bs).await;
                 });
             }
         });
         Self {
             addr,
             answered,
+            bodies,
             task,
         }
     }
@@ -185,7 +192,9 @@ async fn serve_raw(
     goaway_after: Option<usize>,
     index: usize,
     answered: Arc<Mutex<Vec<Vec<u32>>>>,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
 ) -> Option<()> {
+    let mut pending: std::collections::HashMap<u32, Vec<u8>> = Default::default();
     let mut preface = [0u8; 24];
     sock.read_exact(&mut preface).await.ok()?;
     assert_eq!(&preface[..], PREFACE);
@@ -225,12 +234,19 @@ async fn serve_raw(
             0x4 if flags & 0x1 == 0 => sock.write_all(&frame(0x4, 0x1, 0, &[])).await.ok()?,
             // PING: answer it.
             0x6 if flags & 0x1 == 0 => sock.write_all(&frame(0x6, 0x1, 0, &payload)).await.ok()?,
-            // HEADERS: a request.
-            0x1 => {
-                streams.push(stream);
-                if goaway_after.is_none() {
+            // HEADERS: a request; DATA: its body. Answered once the request ended.
+            0x1 | 0x0 => {
+                if kind == 0x1 {
+                    streams.push(stream);
+                    pending.insert(stream, Vec::new());
+                } else if let Some(b) = pending.get_mut(&stream) {
+                    b.extend_from_slice(&payload);
+                }
+                if goaway_after.is_none() && flags & 0x1 != 0 {
+                    let body = pending.remove(&stream).unwrap_or_default();
                     sock.write_all(&ok_headers(stream)).await.ok()?;
                     answered.lock().unwrap()[index].push(stream);
+                    bodies.lock().unwrap().push(body);
                 }
             }
             _ => {}
