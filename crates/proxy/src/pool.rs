@@ -409,8 +409,8 @@ impl Pool {
         if h2 {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
-                .keep_alive_interval(self::h2::KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(self::h2::KEEPALIVE_TIMEOUT)
+                .keep_alive_interval(self.cfg.http2_keepalive_interval)
+                .keep_alive_timeout(self.cfg.http2_keepalive_timeout)
                 .keep_alive_while_idle(true)
                 .handshake(TokioIo::new(io))
                 .await?;

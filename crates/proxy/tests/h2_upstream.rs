@@ -361,3 +361,22 @@ async fn auto_follows_alpn_and_http2_over_tls_speaks_h2() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_peer_that_stops_answering_pings_is_dropped_before_try_timeout() {
+    let (addr, _task) = support::h2::silent_backend().await;
+    let up = upkeep(&one_group(
+        &[addr],
+        "protocol = \"http2\"\ntry_timeout = \"8s\"\n\n[groups.app.pool]\nhttp2_keepalive_interval = \"200ms\"\nhttp2_keepalive_timeout = \"300ms\"\n",
+    ))
+    .await;
+    let start = Instant::now();
+    let r = get(up.listeners[0], "h2.test", "/hangs").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.header("upkeep-error"), Some("upstream_reset"));
+    assert!(
+        took < Duration::from_secs(4),
+        "the unanswered PING ended it, not try_timeout: {took:?}"
+    );
+}

@@ -446,6 +446,12 @@ pub struct PoolConfig {
     pub max_age: Duration,
     /// Most open connections (busy and idle) per peer; a peer at the limit is skipped.
     pub max_connections_per_peer: Option<usize>,
+    /// HTTP/2: a PING this often on every connection, busy or idle.
+    #[serde(with = "secs")]
+    pub http2_keepalive_interval: Duration,
+    /// HTTP/2: a PING unanswered this long closes the connection.
+    #[serde(with = "secs")]
+    pub http2_keepalive_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -455,6 +461,8 @@ impl Default for PoolConfig {
             max_idle_per_peer: 64,
             max_age: Duration::from_secs(300),
             max_connections_per_peer: None,
+            http2_keepalive_interval: Duration::from_secs(20),
+            http2_keepalive_timeout: Duration::from_secs(10),
         }
     }
 }

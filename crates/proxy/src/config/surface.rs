@@ -205,6 +205,8 @@ pub(crate) struct Pool {
     pub max_idle_per_peer: Option<S<i64>>,
     pub max_age: Option<S<Dur>>,
     pub max_connections_per_peer: Option<S<i64>>,
+    pub http2_keepalive_interval: Option<S<Dur>>,
+    pub http2_keepalive_timeout: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]

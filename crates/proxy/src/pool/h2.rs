@@ -22,11 +22,6 @@ use tokio::time::Instant;
 
 use crate::body::ReqBody;
 
-/// PING interval on an HTTP/2 upstream connection, busy or idle.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-/// A PING unanswered this long closes the connection (its streams fail as resets).
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// One shared HTTP/2 connection; clones are handles on the same connection.
 #[derive(Clone)]
 pub(crate) struct Shared {

@@ -265,3 +265,27 @@ pub async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequ
     tokio::spawn(conn);
     sender
 }
+
+/// An HTTP/2 server that completes the handshake, then never answers anything again (no
+/// response, no PING acknowledgement): a peer that hangs with its socket open.
+pub async fn silent_backend() -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut preface = [0u8; 24];
+                if sock.read_exact(&mut preface).await.is_err() {
+                    return;
+                }
+                let _ = sock.write_all(&frame(0x4, 0, 0, &[])).await;
+                while let Some((kind, flags, _, _)) = read_frame(&mut sock).await {
+                    if kind == 0x4 && flags & 0x1 == 0 {
+                        let _ = sock.write_all(&frame(0x4, 0x1, 0, &[])).await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
