@@ -380,3 +380,34 @@ async fn a_peer_that_stops_answering_pings_is_dropped_before_try_timeout() {
         "the unanswered PING ended it, not try_timeout: {took:?}"
     );
 }
+
+#[tokio::test]
+async fn a_stream_refused_with_refused_stream_is_sent_again_with_its_body() {
+    let b = GoawayBackend::start_refusing().await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let req = Request::post("/orders")
+        .header("host", "h2.test")
+        .body(Full::new(Bytes::from_static(b"one order")))
+        .unwrap();
+    let r = send(up.listeners[0], req).await;
+    assert_eq!(r.status, 200, "{:?} {}", r.headers, r.text());
+    let answered = b.answered.lock().unwrap().clone();
+    assert_eq!(answered.len(), 2, "{answered:?}");
+    assert!(
+        answered[0].is_empty(),
+        "the first connection answered nothing"
+    );
+    assert_eq!(answered[1].len(), 1);
+    assert_eq!(
+        b.bodies.lock().unwrap().clone(),
+        vec![b"one order".to_vec()]
+    );
+    assert_eq!(
+        metric(
+            &up,
+            "upkeep_pool_connections_total{event=\"h2_refused_replay\"}"
+        )
+        .await,
+        1.0
+    );
+}

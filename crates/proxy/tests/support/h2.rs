@@ -6,7 +6,8 @@
 //! - [`GoawayBackend`]: a frame-level HTTP/2 server. On its first connection it waits until
 //!   `expect` requests have arrived, answers stream 1 and sends GOAWAY with last-stream-id 1
 //!   (so every other stream was not processed); later connections answer every stream once
-//!   its request has ended, and keep its body.
+//!   its request has ended, and keep its body. [`GoawayBackend::start_refusing`]: the first
+//!   connection resets every stream with `REFUSED_STREAM` instead.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -153,6 +154,15 @@ async fn read_frame(sock: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
 impl GoawayBackend {
     /// Starts the backend; its first connection waits for `expect` requests (at most 3 s).
     pub async fn start(expect: usize) -> Self {
+        Self::start_mode(expect, false).await
+    }
+
+    /// Starts the backend; its first connection refuses every stream with `REFUSED_STREAM`.
+    pub async fn start_refusing() -> Self {
+        Self::start_mode(0, true).await
+    }
+
+    async fn start_mode(expect: usize, refuse: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let answered: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
@@ -174,7 +184,12 @@ impl GoawayBackend {
                 let a = a.clone();
                 let bs = bs.clone();
                 tokio::spawn(async move {
-                    let _ = serve_raw(sock, goaway.then_some(expect), index, a, bs).await;
+                    let (goaway_after, refusing) = match (goaway, refuse) {
+                        (true, false) => (Some(expect), false),
+                        (true, true) => (None, true),
+                        (false, _) => (None, false),
+                    };
+                    let _ = serve_raw(sock, goaway_after, refusing, index, a, bs).await;
                 });
             }
         });
@@ -190,6 +205,7 @@ impl GoawayBackend {
 async fn serve_raw(
     mut sock: TcpStream,
     goaway_after: Option<usize>,
+    refusing: bool,
     index: usize,
     answered: Arc<Mutex<Vec<Vec<u32>>>>,
     bodies: Arc<Mutex<Vec<Vec<u8>>>>,
@@ -236,6 +252,15 @@ async fn serve_raw(
             0x6 if flags & 0x1 == 0 => sock.write_all(&frame(0x6, 0x1, 0, &payload)).await.ok()?,
             // HEADERS: a request; DATA: its body. Answered once the request ended.
             0x1 | 0x0 => {
+                if refusing {
+                    if kind == 0x1 {
+                        // RST_STREAM, error code 7 (REFUSED_STREAM); its DATA is dropped.
+                        sock.write_all(&frame(0x3, 0, stream, &7u32.to_be_bytes()))
+                            .await
+                            .ok()?;
+                    }
+                    continue;
+                }
                 if kind == 0x1 {
                     streams.push(stream);
                     pending.insert(stream, Vec::new());
