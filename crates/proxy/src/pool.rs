@@ -86,6 +86,20 @@ pub(crate) type SendResult = Result<
 >;
 
 impl Sender {
+    /// Sends `req` on whichever connection this is (upgrades use it on a fresh connection).
+    pub(crate) fn send_request(
+        &mut self,
+        req: http::Request<ReqBody>,
+    ) -> impl std::future::Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>>
+           + Send
+           + 'static {
+        use futures_util::future::Either;
+        match self {
+            Sender::H1(s) => Either::Left(s.send_request(req)),
+            Sender::H2(s) => Either::Right(s.sender().send_request(req)),
+        }
+    }
+
     fn is_closed(&self) -> bool {
         match self {
             Sender::H1(s) => s.is_closed(),
