@@ -22,6 +22,12 @@
 #                      server behind each proxy, a Python client doing back-to-back echoes
 #                      (bench/ws.py); needs python3 with `websockets`
 #   BENCH_WS_CONNECTIONS  WebSocket connections (default 16)
+#   BENCH_H2_TARGETS   HTTP/2 rows: h2load over TLS (ALPN h2) to each proxy, the same HTTP/1.1
+#                      backend behind (default: upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up;
+#                      the last speaks h2c to the backend); empty: none. Needs h2load (Debian:
+#                      nghttp2-client) and openssl.
+#   BENCH_H2_CLIENTS   h2load clients (connections)          (default 16)
+#   BENCH_H2_STREAMS   h2load streams per connection         (default 8)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=bench/lib.sh
@@ -35,6 +41,9 @@ TARGETS=${BENCH_TARGETS:-direct upkeep upkeep-log nginx nginx-log haproxy}
 for n in ${BENCH_UPKEEP_WORKERS:-}; do
     TARGETS="$TARGETS upkeep-w$n"
 done
+H2_TARGETS=${BENCH_H2_TARGETS-upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up}
+H2_CLIENTS=${BENCH_H2_CLIENTS:-16}
+H2_STREAMS=${BENCH_H2_STREAMS:-8}
 
 WRK=${WRK:-$(find_bin wrk)} || die "wrk not found (Debian: apt-get install wrk)"
 NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx-light)"
@@ -43,6 +52,10 @@ command -v curl >/dev/null || die "curl not found"
 command -v ss >/dev/null && command -v pgrep >/dev/null || die "ss or pgrep not found (Debian: apt-get install iproute2 procps)"
 
 upkeep_bin
+if [[ -n $H2_TARGETS ]]; then
+    H2LOAD=${H2LOAD:-$(find_bin h2load)} || die "h2load not found (Debian: apt-get install nghttp2-client; or BENCH_H2_TARGETS=)"
+    command -v openssl >/dev/null || die "openssl not found"
+fi
 
 # nginx refuses to start without writable temp paths; keep them all in the run's directory.
 nginx_common() {
@@ -71,6 +84,7 @@ EOF
 }
 
 free_port backend_port
+free_port backend_h2_port
 start_backend() {
     local dir=$work/backend
     mkdir -p "$dir"
@@ -84,6 +98,8 @@ start_backend() {
     access_log off;
     server {
         listen 127.0.0.1:$backend_port;
+        # The same server over h2c (prior knowledge), for the upkeep-h2-h2up row.
+        listen 127.0.0.1:$backend_h2_port http2;
         location / { default_type text/plain; return 200 "ok"; }
     }
 }
@@ -281,6 +297,162 @@ run_target() {
     esac
 }
 
+# A self-signed certificate for the HTTP/2 rows (the load generator does not verify it).
+make_cert() {
+    [[ -f $work/tls/cert.pem ]] && return
+    mkdir -p "$work/tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=bench.test \
+        -keyout "$work/tls/key.pem" -out "$work/tls/cert.pem" >/dev/null 2>&1
+    cat "$work/tls/cert.pem" "$work/tls/key.pem" >"$work/tls/both.pem"
+}
+
+# wait_h2 PORT NAME: until an HTTP/2 request over TLS gets a 2xx (10 s at most).
+wait_h2() {
+    local port=$1 name=$2 i
+    for i in $(seq 100); do
+        if "$H2LOAD" -n 1 -c 1 "https://127.0.0.1:$port/" 2>/dev/null | grep -q " 1 succeeded"; then
+            return
+        fi
+        sleep 0.1
+    done
+    die "$name did not answer HTTP/2 over TLS on $port"
+}
+
+# start_upkeep_h2 DIR PORT ADMIN PROTOCOL: a TLS listener (ALPN h2), the backend over
+# HTTP/1.1 (`http1`) or h2c (`http2`).
+start_upkeep_h2() {
+    local dir=$1 port=$2 admin=$3 protocol=$4 to=$backend_port
+    [[ $protocol == http2 ]] && to=$backend_h2_port
+    mkdir -p "$dir"
+    cat >"$dir/upkeep.toml" <<EOF
+[admin]
+listen = "127.0.0.1:$admin"
+
+[[listener]]
+listen = "127.0.0.1:$port"
+tls = { cert = "$work/tls/cert.pem", key = "$work/tls/key.pem" }
+
+[[route]]
+group = "backend"
+
+[groups.backend]
+endpoints = ["127.0.0.1:$to"]
+protocol = "$protocol"
+EOF
+    "$UPKEEP" serve --config "$dir/upkeep.toml" --access-log off --log-level warn \
+        >"$dir/stdout" 2>"$dir/stderr" &
+    pids+=($!)
+    wait_h2 "$port" "upkeep"
+}
+
+start_nginx_h2() {
+    local dir=$1 port=$2
+    mkdir -p "$dir"
+    {
+        nginx_common "$dir"
+        echo "worker_processes auto;"
+        echo "http {"
+        nginx_http_common "$dir"
+        cat <<EOF
+    access_log off;
+    upstream backend {
+        server 127.0.0.1:$backend_port;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$port ssl http2;
+        ssl_certificate $work/tls/cert.pem;
+        ssl_certificate_key $work/tls/key.pem;
+        http2_max_requests 1000000;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+    } >"$dir/nginx.conf"
+    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    pids+=($!)
+    wait_h2 "$port" "nginx"
+}
+
+start_haproxy_h2() {
+    local dir=$1 port=$2
+    mkdir -p "$dir"
+    cat >"$dir/haproxy.cfg" <<EOF
+global
+    nbthread 2
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    http-reuse always
+
+frontend fe
+    bind 127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1
+    default_backend be
+
+backend be
+    server b1 127.0.0.1:$backend_port
+EOF
+    "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
+    pids+=($!)
+    wait_h2 "$port" "haproxy"
+}
+
+# measure_h2 NAME PORT PID: like `measure`, with h2load. h2load gives the mean and the max time
+# per request (no percentiles); they take the p50 and p99 slots of its own table.
+measure_h2() {
+    local name=$1 port=$2 pid=$3 out=$work/h2load-$1.txt c0 c1 n non2xx
+    local args=(-c "$H2_CLIENTS" -m "$H2_STREAMS" -t "$THREADS")
+    "$H2LOAD" "${args[@]}" -D "$WARMUP" "https://127.0.0.1:$port/" >"$out.warmup"
+    c0=$(cpu_ticks "$pid")
+    "$H2LOAD" "${args[@]}" -D "$DURATION" "https://127.0.0.1:$port/" >"$out"
+    c1=$(cpu_ticks "$pid")
+    n=$(awk '/^requests:/ { print $8 }' "$out")
+    cpu[$name]=$(awk -v t=$((c1 - c0)) -v hz="$TICKS_PER_SEC" -v n="$n" \
+        'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }')
+    rps[$name]=$(awk '/^finished in/ { print $4 }' "$out")
+    p50[$name]=$(to_ms "$(awk '/^time for request:/ { print $6 }' "$out")")
+    p99[$name]=$(to_ms "$(awk '/^time for request:/ { print $5 }' "$out")")
+    non2xx=$(awk '/^status codes:/ { print $5 + $7 + $9 }' "$out")
+    errs[$name]=$(($(awk '/^requests:/ { print $10 + $12 }' "$out") + ${non2xx:-0}))
+}
+
+run_h2_target() {
+    local t=$1 port admin dir=$work/$1
+    make_cert
+    free_port port
+    case $t in
+    upkeep-h2 | upkeep-h2-h2up)
+        free_port admin
+        local protocol=http1
+        [[ $t == upkeep-h2-h2up ]] && protocol=http2
+        start_upkeep_h2 "$dir" "$port" "$admin" "$protocol"
+        measure_h2 "$t" "$port" "${pids[-1]}"
+        upkeep_notes "$t" "$admin" "$dir" off
+        stop "${pids[-1]}"
+        ;;
+    nginx-h2)
+        start_nginx_h2 "$dir" "$port"
+        measure_h2 "$t" "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        ;;
+    haproxy-h2)
+        start_haproxy_h2 "$dir" "$port"
+        measure_h2 "$t" "$port" "${pids[-1]}"
+        stop "${pids[-1]}"
+        ;;
+    *) die "unknown HTTP/2 target $t" ;;
+    esac
+}
+
 ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'
 }
@@ -292,6 +464,10 @@ start_backend
 for t in $TARGETS; do
     echo "bench: running $t" >&2
     run_target "$t"
+done
+for t in $H2_TARGETS; do
+    echo "bench: running $t" >&2
+    run_h2_target "$t"
 done
 
 # The nginx row a target is compared with: same access-log setting (HAProxy logs nothing here).
@@ -312,6 +488,18 @@ for t in $TARGETS; do
         "$(ratio "${rps[$t]}" "${rps[$ref]:-}")" "$(ratio "${p99[$t]}" "${p99[$ref]:-}")" \
         "$(ratio "${cpu[$t]}" "${cpu[$ref]:-}")" "${notes[$t]:-}"
 done
+echo
+if [[ -n $H2_TARGETS ]]; then
+    echo
+    echo "HTTP/2 over TLS: h2load -c$H2_CLIENTS -m$H2_STREAMS -t$THREADS -D$DURATION (warm-up $WARMUP); the backend is HTTP/1.1"
+    echo "(upkeep-h2-h2up: h2c to the same backend). h2load reports mean and max, not percentiles."
+    printf '%-15s %10s %8s %8s %6s %7s %9s %9s  %s\n' target req/s mean_ms max_ms errors cpu_us rps/nginx cpu/nginx notes
+    for t in $H2_TARGETS; do
+        printf '%-15s %10s %8s %8s %6s %7s %9s %9s  %s\n' "$t" "${rps[$t]}" "${p50[$t]}" "${p99[$t]}" \
+            "${errs[$t]}" "${cpu[$t]}" "$(ratio "${rps[$t]}" "${rps[nginx-h2]:-}")" \
+            "$(ratio "${cpu[$t]}" "${cpu[nginx-h2]:-}")" "${notes[$t]:-}"
+    done
+fi
 echo
 echo "cpu_us: CPU microseconds (user + system) the proxy spent per request; for direct, the backend's."
 echo "ratios: rps/x > 1, p99/x < 1 and cpu/x < 1 mean better than x; each row compares with the"

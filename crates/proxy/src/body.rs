@@ -1,6 +1,7 @@
 //! Request and response bodies: streamed frame by frame, never buffered whole.
 
 mod progress;
+mod replay;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use crate::error::{BoxError, Cut};
 use crate::pool::Checkin;
 
 pub use progress::SendProgress;
+pub use replay::{Replay, REPLAY_LIMIT};
 
 /// The client sent nothing inside its request body for `client_body_timeout`.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,8 @@ pub enum ReqBody {
     /// The client's body behind `Expect: 100-continue`: not read until the upstream asks for
     /// it (`crate::expect`).
     Gated(Box<StreamBody>, crate::expect::Waiter),
+    /// The client's body, kept as it goes out so that it can be sent again (HTTP/2 refusals).
+    Replay(Replay),
 }
 
 /// The client's body on its way upstream, with its silence timer.
@@ -132,6 +136,7 @@ impl ReqBody {
         match self {
             ReqBody::Empty => None,
             ReqBody::Stream(s) | ReqBody::Gated(s, _) => Some(s.progress.clone()),
+            ReqBody::Replay(r) => r.progress(),
         }
     }
 
@@ -154,6 +159,7 @@ impl Body for ReqBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let s = match self.get_mut() {
             ReqBody::Empty => return Poll::Ready(None),
+            ReqBody::Replay(r) => return r.poll_frame(cx),
             ReqBody::Stream(s) => s,
             ReqBody::Gated(s, waiter) => {
                 if let Err(e) = ready!(waiter.poll_open(cx)) {
@@ -197,12 +203,14 @@ impl Body for ReqBody {
             ReqBody::Stream(s) | ReqBody::Gated(s, _) => {
                 s.first.is_none() && s.rest.is_end_stream()
             }
+            ReqBody::Replay(r) => r.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ReqBody::Empty => SizeHint::with_exact(0),
+            ReqBody::Replay(_) => SizeHint::new(),
             ReqBody::Stream(s) | ReqBody::Gated(s, _) => {
                 let h = s.rest.size_hint();
                 let n = s
@@ -377,8 +385,12 @@ impl Body for RespBody {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Full(d) => d.is_none(),
-            // Polled to the end even when empty, so the connection returns to the pool.
-            Inner::Upstream { body, checkin, .. } => checkin.is_none() && body.is_end_stream(),
+            // Polled to the end even when empty, so the connection returns to the pool (an
+            // HTTP/2 stream returns nothing: its end is told at once, so that a Trailers-Only
+            // gRPC answer stays one HEADERS frame).
+            Inner::Upstream { body, checkin, .. } => {
+                checkin.as_ref().is_none_or(|c| !c.returns_to_pool()) && body.is_end_stream()
+            }
         }
     }
 

@@ -4,6 +4,7 @@ mod collect;
 mod duration;
 mod model;
 mod print;
+mod protocol;
 mod route_rules;
 mod surface;
 mod upstream_tls;
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 pub use duration::parse_duration;
 pub use model::*;
 pub use print::{to_toml, PrintError};
+pub use protocol::UpstreamProtocol;
 pub use route_rules::*;
 pub use validate::parse_endpoint;
 

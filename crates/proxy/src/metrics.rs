@@ -100,7 +100,7 @@ pub struct Metrics {
     pub latency: Histogram,
     /// Open downstream connections.
     pub downstream_open: Gauge,
-    /// Upstream connection events: new, reused, stale_discarded, expired.
+    /// Upstream connection events: new, reused, stale_discarded, expired, h2_refused_replay.
     pub pool_events: Family<EventLabel, Counter>,
     /// Idle pooled upstream connections.
     pub pool_idle: Gauge,
@@ -229,7 +229,7 @@ impl Metrics {
         );
         r.register(
             "pool_connections",
-            "Upstream connection events (new, reused, stale_discarded, expired)",
+            "Upstream connection events (new, reused, stale_discarded, expired, h2_refused_replay)",
             m.pool_events.clone(),
         );
         r.register(

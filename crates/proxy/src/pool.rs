@@ -1,7 +1,11 @@
 //! The upstream connection pool. Every pooled connection knows its idle deadline (the
 //! configured idle timeout, lowered under the server's `Keep-Alive: timeout=N` hint) and whether
 //! it is being reused, and is tested before reuse, so upkeep closes first and never races a FIN.
+//!
+//! HTTP/2 groups (`protocol = "http2"`, or `"auto"` when ALPN says `h2`) share connections
+//! between requests instead (`h2`).
 
+pub mod h2;
 mod io;
 pub mod tls;
 
@@ -12,15 +16,16 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::body::ReqBody;
-use crate::config::{PoolConfig, KEEPALIVE_HINT_MARGIN};
+use crate::config::{PoolConfig, UpstreamProtocol, KEEPALIVE_HINT_MARGIN};
 use crate::metrics::Metrics;
 
+use self::h2::{H2Conns, Stream};
 pub use io::Counters;
 use io::{Peeker, SharedIo, Transport};
 use tls::ClientTls;
@@ -66,10 +71,55 @@ impl Drop for Slot {
     }
 }
 
-/// One upstream HTTP/1.1 connection.
+/// How a request is sent: on an HTTP/1.1 connection of its own, or on a stream of a shared
+/// HTTP/2 connection.
+pub(crate) enum Sender {
+    H1(http1::SendRequest<ReqBody>),
+    H2(Box<Stream>),
+}
+
+/// What sending a request gives: the response head, or the error (with the request when
+/// hyper never sent it).
+pub(crate) type SendResult = Result<
+    http::Response<hyper::body::Incoming>,
+    hyper::client::conn::TrySendError<http::Request<ReqBody>>,
+>;
+
+impl Sender {
+    /// Sends `req` on whichever connection this is (upgrades use it on a fresh connection).
+    pub(crate) fn send_request(
+        &mut self,
+        req: http::Request<ReqBody>,
+    ) -> impl std::future::Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>>
+           + Send
+           + 'static {
+        use futures_util::future::Either;
+        match self {
+            Sender::H1(s) => Either::Left(s.send_request(req)),
+            Sender::H2(s) => Either::Right(s.sender().send_request(req)),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_ready(),
+            Sender::H2(s) => !s.is_closed(),
+        }
+    }
+}
+
+/// One upstream connection: HTTP/1.1, or a stream on a shared HTTP/2 connection.
 pub struct Conn {
-    pub(crate) sender: http1::SendRequest<ReqBody>,
-    peeker: Peeker,
+    pub(crate) sender: Sender,
+    /// `None` on HTTP/2, whose liveness is its PINGs.
+    peeker: Option<Peeker>,
     counters: Arc<Counters>,
     peer: SocketAddr,
     created: Instant,
@@ -101,6 +151,47 @@ impl Conn {
     /// The byte counters, shared with the connection.
     pub fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
+    }
+
+    /// A stream on a shared HTTP/2 connection: its counters count every stream's bytes.
+    pub fn is_h2(&self) -> bool {
+        matches!(self.sender, Sender::H2(_))
+    }
+
+    /// An HTTP/2 connection whose peer refused a stream unprocessed takes no new stream.
+    pub(crate) fn retire(&self) {
+        if let Sender::H2(s) = &self.sender {
+            s.retire();
+        }
+    }
+
+    /// Sends `req`; on HTTP/1.1 hyper hands back a request it never wrote.
+    pub(crate) fn send(
+        &mut self,
+        req: http::Request<ReqBody>,
+    ) -> impl std::future::Future<Output = SendResult> + Send + 'static {
+        use futures_util::future::Either;
+        match &mut self.sender {
+            Sender::H1(s) => Either::Left(s.try_send_request(req)),
+            Sender::H2(s) => {
+                let req = self::h2::with_authority(req, s.https());
+                Either::Right(s.sender().try_send_request(req))
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn h2(stream: Stream, peer: SocketAddr, reused: bool) -> Self {
+        Conn {
+            sender: Sender::H2(Box::new(stream)),
+            peeker: None,
+            counters: Arc::default(),
+            peer,
+            created: Instant::now(),
+            reused,
+            _slot: None,
+        }
     }
 }
 
@@ -139,6 +230,8 @@ pub struct Pool {
     shards: [Mutex<IdleMap>; SHARDS],
     metrics: Arc<Metrics>,
     open: OpenCounts,
+    protocol: UpstreamProtocol,
+    h2: H2Conns,
 }
 
 impl Pool {
@@ -149,12 +242,24 @@ impl Pool {
 
     /// Like `new`; with `tls`, every connection does a TLS handshake after connecting.
     pub fn with_tls(cfg: PoolConfig, tls: Option<ClientTls>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::for_protocol(cfg, tls, UpstreamProtocol::Http1, metrics)
+    }
+
+    /// Like `with_tls`, speaking `protocol` (whose ALPN `tls` must offer).
+    pub fn for_protocol(
+        cfg: PoolConfig,
+        tls: Option<ClientTls>,
+        protocol: UpstreamProtocol,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         let pool = Arc::new(Self {
             cfg,
             tls,
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             metrics,
             open: Arc::default(),
+            protocol,
+            h2: H2Conns::default(),
         });
         let weak = Arc::downgrade(&pool);
         tokio::spawn(sweep(weak));
@@ -169,6 +274,11 @@ impl Pool {
     /// This worker's idle lists.
     fn shard(&self) -> std::sync::MutexGuard<'_, IdleMap> {
         self.shards[worker() % SHARDS].lock().unwrap()
+    }
+
+    /// Open shared HTTP/2 connections to `peer`.
+    pub fn h2_count(&self, peer: SocketAddr) -> usize {
+        self.h2.count(peer)
     }
 
     /// Idle connections per peer.
@@ -190,6 +300,15 @@ impl Pool {
     /// A live idle connection to `peer`, most recently used first; closed, expired and
     /// dirty ones are discarded on the way.
     pub fn checkout(&self, peer: SocketAddr) -> Option<Conn> {
+        if self.protocol != UpstreamProtocol::Http1 {
+            if let Some(stream) = self.h2.checkout(peer, self.cfg.max_age) {
+                self.metrics.pool_event("reused");
+                return Some(Conn::h2(stream, peer, true));
+            }
+            if self.protocol == UpstreamProtocol::Http2 {
+                return None;
+            }
+        }
         let now = Instant::now();
         let mut discarded = Vec::new();
         let found = {
@@ -205,7 +324,11 @@ impl Pool {
                     discarded.push(entry);
                 } else if entry.conn.sender.is_closed()
                     || !entry.conn.sender.is_ready()
-                    || !entry.conn.peeker.idle_socket_is_clean()
+                    || !entry
+                        .conn
+                        .peeker
+                        .as_ref()
+                        .is_some_and(Peeker::idle_socket_is_clean)
                 {
                     self.metrics.pool_event("stale_discarded");
                     discarded.push(entry);
@@ -245,25 +368,85 @@ impl Pool {
     }
 
     /// Opens a new connection to `peer` (TCP, then TLS for `https://` groups); `timeout`
-    /// bounds both handshakes together.
+    /// bounds both handshakes together. On HTTP/2 a connect waits for one already under way
+    /// to the same peer and shares its connection.
     pub async fn connect(&self, peer: SocketAddr, timeout: Duration) -> Result<Conn, ConnectError> {
-        let slot = self.reserve(peer)?;
         let until = Instant::now() + timeout;
+        if self.protocol == UpstreamProtocol::Http1 {
+            return self.connect_new(peer, timeout, until).await;
+        }
+        let lock = self.h2.connect_lock(peer);
+        let _turn = match tokio::time::timeout_at(until, lock.lock()).await {
+            Err(_) => return Err(ConnectError::Timeout(timeout)),
+            Ok(g) => g,
+        };
+        if let Some(stream) = self.h2.checkout(peer, self.cfg.max_age) {
+            self.metrics.pool_event("reused");
+            return Ok(Conn::h2(stream, peer, true));
+        }
+        self.connect_new(peer, timeout, until).await
+    }
+
+    async fn connect_new(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+        until: Instant,
+    ) -> Result<Conn, ConnectError> {
+        let slot = self.reserve(peer)?;
         let stream = match tokio::time::timeout_at(until, TcpStream::connect(peer)).await {
             Err(_) => return Err(ConnectError::Timeout(timeout)),
             Ok(r) => r?,
         };
         stream.set_nodelay(true)?;
         let peeker = Peeker::new(&stream)?;
-        let transport = match &self.tls {
-            None => Transport::Plain(stream),
+        let (transport, h2) = match &self.tls {
+            None => (
+                Transport::Plain(stream),
+                self.protocol == UpstreamProtocol::Http2,
+            ),
             Some(tls) => match tokio::time::timeout_at(until, tls.handshake(stream)).await {
                 Err(_) => return Err(ConnectError::Timeout(timeout)),
                 Ok(Err(e)) => return Err(ConnectError::Tls(e)),
-                Ok(Ok(s)) => Transport::Tls(Box::new(s)),
+                Ok(Ok(s)) => {
+                    // `http2` offers only h2; `auto` goes by what the server picked.
+                    let h2 = match self.protocol {
+                        UpstreamProtocol::Http1 => false,
+                        UpstreamProtocol::Http2 => true,
+                        UpstreamProtocol::Auto => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+                    };
+                    (Transport::Tls(Box::new(s)), h2)
+                }
             },
         };
         let (io, counters) = SharedIo::new(transport);
+        if h2 {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(self.cfg.http2_keepalive_interval)
+                .keep_alive_timeout(self.cfg.http2_keepalive_timeout)
+                .keep_alive_while_idle(true)
+                .handshake(TokioIo::new(io))
+                .await?;
+            let max_streams = Arc::new(std::sync::atomic::AtomicUsize::new(100));
+            let limit = max_streams.clone();
+            tokio::spawn(async move {
+                // The slot counts the connection, not a request: held until it closes.
+                let _slot = slot;
+                if let Err(e) = self::h2::drive(conn, limit).await {
+                    tracing::debug!(peer.addr = %peer, error = %e, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            self.metrics.pool_event("new");
+            let stream = self.h2.insert(
+                peer,
+                self::h2::Shared::new(sender, self.tls.is_some(), max_streams),
+            );
+            return Ok(Conn {
+                counters,
+                ..Conn::h2(stream, peer, false)
+            });
+        }
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
             // With upgrades: a `101` hands the socket to `crate::upgrade` (never pooled).
@@ -273,8 +456,8 @@ impl Pool {
         });
         self.metrics.pool_event("new");
         Ok(Conn {
-            sender,
-            peeker,
+            sender: Sender::H1(sender),
+            peeker: Some(peeker),
             counters,
             peer,
             created: Instant::now(),
@@ -298,6 +481,7 @@ impl Pool {
     fn put(&self, conn: Conn, idle_timeout: Duration) {
         let now = Instant::now();
         if idle_timeout.is_zero()
+            || conn.is_h2()
             || self.cfg.max_idle_per_peer == 0
             || now.duration_since(conn.created) >= self.cfg.max_age
             || conn.sender.is_closed()
@@ -344,10 +528,14 @@ impl Pool {
         for _ in &discarded {
             self.metrics.pool_event("expired");
         }
+        for _ in 0..self.h2.sweep(self.cfg.idle_timeout, self.cfg.max_age) {
+            self.metrics.pool_event("expired");
+        }
     }
 
     /// Drops every idle connection (on shutdown or when the group goes away).
     pub fn clear(&self) {
+        self.h2.clear();
         for shard in &self.shards {
             let drained: Vec<_> = shard.lock().unwrap().drain().collect();
             let n: usize = drained.iter().map(|(_, l)| l.len()).sum();
@@ -391,9 +579,19 @@ impl Checkin {
         })
     }
 
-    /// The body ended: back to the pool once hyper is ready for the next request.
+    /// Whether the connection goes back to the idle list at the body's end (HTTP/1.1), or
+    /// is shared and only its stream ends (HTTP/2).
+    pub fn returns_to_pool(&self) -> bool {
+        !self.conn.is_h2()
+    }
+
+    /// The body ended: back to the pool once hyper is ready for the next request (an HTTP/2
+    /// stream just ends: its connection stays shared).
     pub fn finish(mut self, cx: &mut Context<'_>) {
-        match self.conn.sender.poll_ready(cx) {
+        let Sender::H1(sender) = &mut self.conn.sender else {
+            return;
+        };
+        match sender.poll_ready(cx) {
             Poll::Ready(Ok(())) => self.pool.put(self.conn, self.idle_timeout),
             Poll::Ready(Err(_)) => {}
             Poll::Pending => self.finish_later(),
@@ -402,10 +600,14 @@ impl Checkin {
 
     /// Like `finish`, without a task context.
     pub fn finish_later(mut self) {
+        if self.conn.is_h2() {
+            return;
+        }
         tokio::spawn(async move {
-            if let Ok(Ok(())) =
-                tokio::time::timeout(Duration::from_secs(1), self.conn.sender.ready()).await
-            {
+            let Sender::H1(sender) = &mut self.conn.sender else {
+                return;
+            };
+            if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(1), sender.ready()).await {
                 self.pool.put(self.conn, self.idle_timeout);
             }
         });

@@ -77,6 +77,7 @@ pub async fn handle(
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
     let request_id = request_id::ensure(req.headers_mut());
     let head = shared.access_log.is_on().then(|| LoggedHead::of(&req));
+    let grpc = crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
@@ -93,7 +94,11 @@ pub async fn handle(
             if e.cause().status().is_server_error() && !matches!(e.kind(), Kind::Internal) {
                 tracing::warn!(cause = e.cause().as_str(), error = %e, path = %path, "request failed");
             }
-            (rescue::response(&e), Some(e.cause().as_str()), e.detail())
+            (
+                rescue::response_for(&e, grpc),
+                Some(e.cause().as_str()),
+                e.detail(),
+            )
         }
     };
     let origin = if cause.is_some() || info.answered {
@@ -333,12 +338,16 @@ struct Outgoing {
     /// `None` once a streamed body has gone to an attempt that kept it.
     body: Option<ReqBody>,
     bodyless: bool,
+    /// The client takes trailers in the response.
+    trailers: bool,
 }
 
 impl Outgoing {
     fn build(&mut self) -> Option<Request<ReqBody>> {
         let body = if self.bodyless {
             ReqBody::Empty
+        } else if let Some(ReqBody::Replay(r)) = &self.body {
+            ReqBody::Replay(r.rewind()?)
         } else {
             self.body.take()?
         };
@@ -358,6 +367,15 @@ impl Outgoing {
 
     fn replayable(&self) -> bool {
         self.bodyless || self.body.is_some()
+    }
+
+    /// Keeps the body as it goes out (up to `REPLAY_LIMIT`), so that an HTTP/2 peer's refusal
+    /// can be answered by sending it again.
+    fn keep_for_replay(&mut self) {
+        if matches!(self.body, Some(ReqBody::Stream(_))) {
+            let body = self.body.take().expect("matched above");
+            self.body = Some(ReqBody::Replay(crate::body::Replay::new(body)));
+        }
     }
 }
 
@@ -450,7 +468,13 @@ async fn forward(
         body.is_end_stream(),
     );
     let mut headers = parts.headers;
+    let trailers = crate::trailers::Wanted::of(&headers, parts.version);
+    let grpc = crate::grpc::is_grpc(&headers);
     strip_hop_by_hop_keeping(&mut headers, |n| route_rules.request_headers.writes(n));
+    trailers.restore_request(
+        &mut headers,
+        grpc && group.config().protocol != crate::config::UpstreamProtocol::Http1,
+    );
     if !headers.contains_key(header::HOST) {
         // Rule H4: an HTTP/1.1 request upstream always names a host.
         let h = host_value.and_then(|h| HeaderValue::from_str(h).ok());
@@ -531,6 +555,7 @@ async fn forward(
         headers,
         body,
         bodyless,
+        trailers: trailers.accepts,
     };
     let idempotent = matches!(
         parts.method,
@@ -540,7 +565,9 @@ async fn forward(
         try_timeout: route_rules.try_timeout,
         deadline: route_rules.deadline,
     };
-    let mut resp = send_with_retries(&group, &mut out, idempotent, info, timeouts).await?;
+    // A gRPC call's own deadline bounds upkeep's too.
+    let cap = grpc.then(|| crate::grpc::timeout(&out.headers)).flatten();
+    let mut resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await?;
     rules::apply_headers(&route_rules.response_headers, resp.headers_mut(), &vars);
     Ok(resp)
 }
@@ -561,12 +588,16 @@ async fn send_with_retries(
     group: &Arc<Group>,
     out: &mut Outgoing,
     idempotent: bool,
+    cap: Option<Duration>,
     info: &mut AttemptInfo,
     timeouts: RouteTimeouts,
 ) -> Result<Response<RespBody>, ProxyError> {
     let cfg = group.config();
     let started = Instant::now();
-    let deadline = started + timeouts.deadline.unwrap_or(cfg.deadline);
+    let deadline = started
+        + cap.map_or(timeouts.deadline.unwrap_or(cfg.deadline), |c| {
+            c.min(timeouts.deadline.unwrap_or(cfg.deadline))
+        });
     let try_timeout = timeouts.try_timeout.unwrap_or(cfg.try_timeout);
     let window_end = started + cfg.retry.connect_retry_window;
     let metrics = group.metrics();
@@ -687,6 +718,9 @@ async fn attempt(
     let cfg = group.config();
     let pool = group.pool();
     let mut fresh_only = false;
+    // HTTP/2 streams the peer refused unprocessed are sent again; a peer that refuses every
+    // stream gets a bounded number of tries.
+    let mut h2_replays = 0;
     loop {
         let mut conn = match if fresh_only {
             None
@@ -728,6 +762,9 @@ async fn attempt(
                 }
             }
         };
+        if conn.is_h2() {
+            out.keep_for_replay();
+        }
         let Some(mut req) = out.build() else {
             return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
         };
@@ -740,16 +777,43 @@ async fn attempt(
         drop(in_flight);
         match res {
             Err(_) => {
-                let written = conn.written() > w0;
+                // An HTTP/2 stream's bytes are not told apart from its neighbours': assume sent.
+                let written = conn.is_h2() || conn.written() > w0;
                 return Err(ProxyError::new(Kind::Timeout).on_peer(peer.addr(), reused, written));
             }
             Ok(Ok(resp)) => {
                 let resp = crate::expect::on_response(gate.as_ref(), resp);
-                return Ok(upstream_response(resp, group, conn));
+                return Ok(upstream_response(resp, group, conn, out.trailers));
             }
             Ok(Err(mut e)) => {
-                if let Some(req) = e.take_message() {
-                    out.restore(req);
+                let handed_back = match e.take_message() {
+                    Some(req) => {
+                        out.restore(req);
+                        true
+                    }
+                    None => false,
+                };
+                if conn.is_h2() {
+                    let unprocessed = handed_back || crate::pool::h2::unprocessed(e.error());
+                    if unprocessed {
+                        conn.retire();
+                    }
+                    if unprocessed && out.replayable() && h2_replays < 3 {
+                        h2_replays += 1;
+                        group.metrics().pool_event("h2_refused_replay");
+                        tracing::debug!(peer.addr = %peer.addr(), error = %e.error(), "HTTP/2 stream refused unprocessed (GOAWAY or REFUSED_STREAM); sending it on a fresh connection");
+                        fresh_only = true;
+                        continue;
+                    }
+                    let e = e.into_error();
+                    if e.is_user() {
+                        return Err(client_fault(group, e, peer.addr(), reused, !unprocessed));
+                    }
+                    return Err(ProxyError::new(Kind::Reset).with_source(e).on_peer(
+                        peer.addr(),
+                        reused,
+                        !unprocessed,
+                    ));
                 }
                 let written = conn.written() > w0;
                 let got_response_bytes = conn.read() > r0;
@@ -769,31 +833,8 @@ async fn attempt(
                     continue;
                 }
                 let e = e.into_error();
-                if e.is_user() && client_body_timed_out(&e) {
-                    // The client went silent inside its body: its fault, never the peer's.
-                    count_client_body_timeout(group.metrics());
-                    return Err(ProxyError::new(Kind::ClientTimeout).with_source(e).on_peer(
-                        peer.addr(),
-                        reused,
-                        written,
-                    ));
-                }
-                if e.is_user() && body_too_large(&e) {
-                    // The route's body limit cut the upload: the client's doing.
-                    return Err(ProxyError::new(Kind::BodyTooLarge).with_source(e).on_peer(
-                        peer.addr(),
-                        reused,
-                        written,
-                    ));
-                }
                 if e.is_user() {
-                    // The client's body failed mid-stream (malformed chunk, client gone): the
-                    // fault is downstream, and the peer did nothing wrong.
-                    return Err(ProxyError::new(Kind::BadRequest).with_source(e).on_peer(
-                        peer.addr(),
-                        reused,
-                        written,
-                    ));
+                    return Err(client_fault(group, e, peer.addr(), reused, written));
                 }
                 return Err(ProxyError::new(Kind::Reset).with_source(e).on_peer(
                     peer.addr(),
@@ -815,16 +856,13 @@ async fn send_timed(
     progress: Option<Arc<crate::body::SendProgress>>,
     try_timeout: Duration,
     deadline: Instant,
-) -> Result<
-    Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ReqBody>>>,
-    tokio::time::error::Elapsed,
-> {
+) -> Result<crate::pool::SendResult, tokio::time::error::Elapsed> {
     let Some(progress) = progress else {
         let due = (Instant::now() + try_timeout).min(deadline);
-        return tokio::time::timeout_at(due, conn.sender.try_send_request(req)).await;
+        return tokio::time::timeout_at(due, conn.send(req)).await;
     };
     progress.restart();
-    let send = conn.sender.try_send_request(req);
+    let send = conn.send(req);
     tokio::pin!(send);
     loop {
         // While the client is awaited no try timer runs; look again after a while.
@@ -844,6 +882,33 @@ async fn send_timed(
             }
         }
     }
+}
+
+/// A send that failed on the client's side of the body: never the peer's fault.
+fn client_fault(
+    group: &Group,
+    e: hyper::Error,
+    peer: SocketAddr,
+    reused: bool,
+    written: bool,
+) -> ProxyError {
+    if client_body_timed_out(&e) {
+        // The client went silent inside its body.
+        count_client_body_timeout(group.metrics());
+        return ProxyError::new(Kind::ClientTimeout)
+            .with_source(e)
+            .on_peer(peer, reused, written);
+    }
+    if body_too_large(&e) {
+        // The route's body limit cut the upload: the client's doing.
+        return ProxyError::new(Kind::BodyTooLarge)
+            .with_source(e)
+            .on_peer(peer, reused, written);
+    }
+    // The client's body failed mid-stream (malformed chunk, client gone).
+    ProxyError::new(Kind::BadRequest)
+        .with_source(e)
+        .on_peer(peer, reused, written)
 }
 
 fn count_client_body_timeout(metrics: &crate::metrics::Metrics) {
@@ -881,6 +946,7 @@ fn upstream_response(
     resp: Response<Incoming>,
     group: &Arc<Group>,
     conn: crate::pool::Conn,
+    trailers: bool,
 ) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
     let close = parts.headers.get_all(header::CONNECTION).iter().any(|v| {
@@ -895,7 +961,9 @@ fn upstream_response(
             .idle_timeout_for(keepalive_hint(&parts.headers))
     };
     message::drop_length_under_transfer_coding(&mut parts.headers);
+    let declared = crate::trailers::declared(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;
     let checkin = Checkin::new(group.pool().clone(), conn, idle);
     Response::from_parts(

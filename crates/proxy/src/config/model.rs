@@ -396,6 +396,8 @@ pub struct GroupConfig {
     /// An optional group degraded longer than this logs a warning and sets a gauge.
     #[serde(with = "secs")]
     pub degraded_alert_after: Duration,
+    /// HTTP version spoken to the peers.
+    pub protocol: super::UpstreamProtocol,
     /// Connection pool.
     pub pool: PoolConfig,
     /// DNS discovery policy.
@@ -421,6 +423,7 @@ impl GroupConfig {
             upgrade_idle_timeout: DEFAULT_UPGRADE_IDLE_TIMEOUT,
             deadline: Duration::from_secs(60),
             degraded_alert_after: Duration::from_secs(300),
+            protocol: super::UpstreamProtocol::Http1,
             pool: PoolConfig::default(),
             discovery: DiscoveryConfig::default(),
             health: HealthConfig::default(),
@@ -443,6 +446,12 @@ pub struct PoolConfig {
     pub max_age: Duration,
     /// Most open connections (busy and idle) per peer; a peer at the limit is skipped.
     pub max_connections_per_peer: Option<usize>,
+    /// HTTP/2: a PING this often on every connection, busy or idle.
+    #[serde(with = "secs")]
+    pub http2_keepalive_interval: Duration,
+    /// HTTP/2: a PING unanswered this long closes the connection.
+    #[serde(with = "secs")]
+    pub http2_keepalive_timeout: Duration,
 }
 
 impl Default for PoolConfig {
@@ -452,6 +461,8 @@ impl Default for PoolConfig {
             max_idle_per_peer: 64,
             max_age: Duration::from_secs(300),
             max_connections_per_peer: None,
+            http2_keepalive_interval: Duration::from_secs(20),
+            http2_keepalive_timeout: Duration::from_secs(10),
         }
     }
 }

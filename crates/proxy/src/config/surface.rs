@@ -169,6 +169,7 @@ pub(crate) struct Group {
     pub health: Option<Health>,
     pub retry: Option<Retry>,
     pub tls: Option<GroupTls>,
+    pub protocol: Option<S<String>>,
 }
 
 /// `[groups.X.tls]`: how upkeep speaks TLS to the group's `https://` endpoints.
@@ -204,6 +205,8 @@ pub(crate) struct Pool {
     pub max_idle_per_peer: Option<S<i64>>,
     pub max_age: Option<S<Dur>>,
     pub max_connections_per_peer: Option<S<i64>>,
+    pub http2_keepalive_interval: Option<S<Dur>>,
+    pub http2_keepalive_timeout: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -506,6 +506,11 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             }
         }
     }
+    let https = !schemes.is_empty() && schemes.iter().all(|(_, h, _)| *h);
+    match super::protocol::validate(g.protocol.as_ref(), https) {
+        Ok(p) => m.protocol = p,
+        Err((span, msg)) => cx.err(span, msg),
+    }
     if let Some(b) = &g.balance {
         m.balance = match b.get_ref().as_str() {
             "round_robin" => Balance::RoundRobin,
@@ -550,6 +555,16 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             "max_idle_per_peer",
         ) as usize;
         m.pool.max_age = cx.duration(&p.max_age, m.pool.max_age);
+        m.pool.http2_keepalive_interval = cx.positive(
+            &p.http2_keepalive_interval,
+            m.pool.http2_keepalive_interval,
+            "http2_keepalive_interval",
+        );
+        m.pool.http2_keepalive_timeout = cx.positive(
+            &p.http2_keepalive_timeout,
+            m.pool.http2_keepalive_timeout,
+            "http2_keepalive_timeout",
+        );
         m.pool.max_connections_per_peer = p.max_connections_per_peer.as_ref().map(|_| {
             cx.int(
                 &p.max_connections_per_peer,

@@ -1,6 +1,6 @@
 //! TLS to upstreams (rustls with ring): the client config of a group's `[groups.X.tls]` table
-//! and the handshake on a fresh TCP connection. ALPN offers http/1.1 only, since the pool
-//! speaks HTTP/1.1 to upstreams.
+//! and the handshake on a fresh TCP connection. ALPN offers what the group's `protocol` speaks
+//! (http/1.1 by default).
 
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -104,6 +104,17 @@ impl ClientTls {
             server_name,
             digest: digest.finish(),
         })
+    }
+
+    /// The same settings offering `alpn` (the group's `protocol`) in the handshake.
+    pub fn with_alpn(&self, alpn: Vec<Vec<u8>>) -> Self {
+        let mut config = (**self.connector.config()).clone();
+        config.alpn_protocols = alpn;
+        Self {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name: self.server_name.clone(),
+            digest: self.digest,
+        }
     }
 
     /// The TLS handshake on a connected stream; rustls errors arrive as `InvalidData`.

@@ -91,11 +91,11 @@ fn make_pool(name: &str, cfg: &GroupConfig, metrics: &Arc<Metrics>) -> Arc<Pool>
     if cfg.tls.as_ref().is_some_and(|t| !t.verify) {
         tracing::warn!(group = %name, "TLS certificate verification is OFF for this group (verify = false): anyone on the path can impersonate its upstreams");
     }
-    Pool::with_tls(
-        cfg.pool.clone(),
-        cfg.tls.as_ref().map(|t| t.client.clone()),
-        metrics.clone(),
-    )
+    let tls = cfg
+        .tls
+        .as_ref()
+        .map(|t| t.client.with_alpn(cfg.protocol.alpn()));
+    Pool::for_protocol(cfg.pool.clone(), tls, cfg.protocol, metrics.clone())
 }
 
 impl Drop for Group {
@@ -207,7 +207,10 @@ impl Group {
                 },
             }
         }
-        let pool = if prev.cfg.pool == cfg.pool && prev.cfg.tls == cfg.tls {
+        let pool = if prev.cfg.pool == cfg.pool
+            && prev.cfg.tls == cfg.tls
+            && prev.cfg.protocol == cfg.protocol
+        {
             prev.pool.clone()
         } else {
             make_pool(&name, &cfg, &metrics)

@@ -1,6 +1,8 @@
 //! Shared helpers for the proxy's integration tests.
 #![allow(dead_code)]
 
+pub mod h2;
+
 use std::path::Path;
 
 use upkeep_proxy::access_log::AccessLogger;

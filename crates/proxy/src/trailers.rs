@@ -1,0 +1,105 @@
+//! Trailers (RFC 9110 §6.5): `TE` and `Trailer` are hop-by-hop and stripped with the others,
+//! then put back when trailers are to pass. A client announces that it takes trailers with
+//! `TE: trailers` on HTTP/1.1; HTTP/2 carries them always (gRPC's status travels in them).
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::Version;
+
+/// What the downstream request said about trailers, read before hop-by-hop removal.
+#[derive(Debug, Default)]
+pub struct Wanted {
+    /// The client accepts trailers in the response.
+    pub accepts: bool,
+    /// The request's own `Trailer` declaration (fields its body's trailers will carry).
+    declared: Vec<HeaderValue>,
+}
+
+/// Whether `TE` lists `trailers` (`TE: trailers, deflate;q=0.5` does).
+fn te_lists_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+}
+
+impl Wanted {
+    /// Reads a downstream request's head.
+    pub fn of(headers: &HeaderMap, version: Version) -> Self {
+        Self {
+            accepts: version == Version::HTTP_2 || te_lists_trailers(headers),
+            declared: headers.get_all(header::TRAILER).iter().cloned().collect(),
+        }
+    }
+
+    /// After hop-by-hop removal: `TE: trailers` upstream when the client accepts trailers or
+    /// `force` (gRPC to an HTTP/2 upstream, whose servers refuse a call without it), and the
+    /// request's `Trailer` declaration (an HTTP/1.1 upstream gets the declared fields only).
+    pub fn restore_request(&self, headers: &mut HeaderMap, force: bool) {
+        if self.accepts || force {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+        for v in &self.declared {
+            headers.append(header::TRAILER, v.clone());
+        }
+    }
+}
+
+/// A response's `Trailer` declaration, read before hop-by-hop removal.
+pub fn declared(headers: &HeaderMap) -> Vec<HeaderValue> {
+    headers.get_all(header::TRAILER).iter().cloned().collect()
+}
+
+/// Puts a response's `Trailer` declaration back when the client takes trailers: an HTTP/1.1
+/// downstream sends only the declared fields, and none without it.
+pub fn restore_response(headers: &mut HeaderMap, declared: Vec<HeaderValue>, accepts: bool) {
+    if accepts {
+        for v in declared {
+            headers.append(header::TRAILER, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn te_trailers_is_found_among_other_codings() {
+        let mut h = HeaderMap::new();
+        assert!(!Wanted::of(&h, Version::HTTP_11).accepts);
+        assert!(Wanted::of(&h, Version::HTTP_2).accepts);
+        h.insert(header::TE, "gzip, Trailers;q=1".parse().unwrap());
+        assert!(Wanted::of(&h, Version::HTTP_11).accepts);
+        h.insert(header::TE, "gzip".parse().unwrap());
+        assert!(!Wanted::of(&h, Version::HTTP_11).accepts);
+    }
+
+    #[test]
+    fn te_and_trailer_come_back_only_when_trailers_pass() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, "trailers, gzip".parse().unwrap());
+        h.insert(header::TRAILER, "x-sum".parse().unwrap());
+        let w = Wanted::of(&h, Version::HTTP_11);
+        let mut out = HeaderMap::new();
+        w.restore_request(&mut out, false);
+        assert_eq!(out[header::TE], "trailers");
+        assert_eq!(out[header::TRAILER], "x-sum");
+        let w = Wanted::of(&HeaderMap::new(), Version::HTTP_11);
+        let mut out = HeaderMap::new();
+        w.restore_request(&mut out, false);
+        assert!(out.is_empty());
+        w.restore_request(&mut out, true);
+        assert_eq!(out[header::TE], "trailers");
+        let mut resp = HeaderMap::new();
+        restore_response(&mut resp, vec![HeaderValue::from_static("x-sum")], false);
+        assert!(resp.is_empty());
+        restore_response(&mut resp, vec![HeaderValue::from_static("x-sum")], true);
+        assert_eq!(resp[header::TRAILER], "x-sum");
+    }
+}

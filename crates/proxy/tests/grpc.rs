@@ -1,0 +1,208 @@
+//! gRPC end to end: grpcio's own client and server (Python, `tests/py/`) with upkeep between
+//! them, h2c on both sides. Unary and the three streaming kinds, a failing call's status and
+//! trailing metadata, upkeep's own failures as gRPC errors (UNAVAILABLE, DEADLINE_EXCEEDED).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+use support::{one_group, upkeep};
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
+}
+
+/// Whether grpcio is importable; outside CI a machine without it skips (CI installs it).
+fn grpcio() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import grpc"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "grpcio is installed by .ci/run"
+        );
+        eprintln!("skipped: python3 with grpcio is not installed");
+    }
+    ok
+}
+
+/// The grpcio echo server; stopped (stdin closed, then killed) on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start() -> Self {
+        let mut child = Command::new("python3")
+            .arg(script("grpc_echo_server.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line.trim().parse().expect("the server prints its port");
+        Self {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs one client case against `addr`; what the client saw.
+async fn call(addr: SocketAddr, case: &str) -> Value {
+    let out = tokio::process::Command::new("python3")
+        .arg(script("grpc_echo_client.py"))
+        .arg(addr.to_string())
+        .arg(case)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(20), out)
+        .await
+        .expect("client ends in time")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client prints JSON")
+}
+
+/// upkeep in front of the grpcio server, speaking HTTP/2 to it.
+async fn through_upkeep(extra: &str) -> Option<(Server, upkeep_proxy::server::Running)> {
+    if !grpcio() {
+        return None;
+    }
+    let server = Server::start();
+    let up = upkeep(&one_group(
+        &[server.addr],
+        &format!("protocol = \"http2\"\n{extra}"),
+    ))
+    .await;
+    Some((server, up))
+}
+
+#[tokio::test]
+async fn grpc_unary_call_passes_with_its_trailing_metadata() {
+    let Some((_s, up)) = through_upkeep("").await else {
+        return;
+    };
+    let r = call(up.listeners[0], "unary").await;
+    assert_eq!(r["code"], "OK", "{r}");
+    assert_eq!(r["result"]["reply"], "echo:hi");
+    assert_eq!(r["result"]["trailing"]["x-trailer"], "done");
+}
+
+#[tokio::test]
+async fn grpc_server_streaming_passes_every_message() {
+    let Some((_s, up)) = through_upkeep("").await else {
+        return;
+    };
+    let r = call(up.listeners[0], "server_stream").await;
+    assert_eq!(r["code"], "OK", "{r}");
+    let got: Vec<&str> = r["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (0..50).map(|i| format!("msg-{i}")).collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn grpc_client_streaming_passes_every_message() {
+    let Some((_s, up)) = through_upkeep("").await else {
+        return;
+    };
+    let r = call(up.listeners[0], "client_stream").await;
+    assert_eq!(r["code"], "OK", "{r}");
+    // 100 messages of 1..=100 bytes.
+    assert_eq!(r["result"], "100:5050");
+}
+
+#[tokio::test]
+async fn grpc_bidirectional_streaming_is_interactive_through_upkeep() {
+    let Some((_s, up)) = through_upkeep("").await else {
+        return;
+    };
+    let r = call(up.listeners[0], "bidi").await;
+    assert_eq!(r["code"], "OK", "{r}");
+    let got: Vec<&str> = r["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (0..20).map(|i| format!("re:m{i}")).collect();
+    assert_eq!(
+        got, want,
+        "each answer arrived before the next message was sent"
+    );
+}
+
+#[tokio::test]
+async fn grpc_failing_call_keeps_its_status_message_and_trailing_metadata() {
+    let Some((_s, up)) = through_upkeep("").await else {
+        return;
+    };
+    let r = call(up.listeners[0], "fail").await;
+    assert_eq!(r["code"], "FAILED_PRECONDITION", "{r}");
+    assert_eq!(r["details"], "nope");
+    assert_eq!(r["trailing"]["x-why"], "because");
+    assert!(
+        r["trailing"].get("upkeep-error").is_none(),
+        "the backend's failure is passed through, not upkeep's: {r}"
+    );
+}
+
+#[tokio::test]
+async fn grpc_call_slower_than_try_timeout_gets_deadline_exceeded_from_upkeep() {
+    let Some((_s, up)) = through_upkeep("try_timeout = \"400ms\"\n").await else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    let r = call(up.listeners[0], "slow").await;
+    assert_eq!(r["code"], "DEADLINE_EXCEEDED", "{r}");
+    assert_eq!(r["details"], "upkeep: upstream_timeout");
+    assert_eq!(r["trailing"]["upkeep-error"], "upstream_timeout");
+    assert!(
+        start.elapsed() < std::time::Duration::from_millis(2900),
+        "answered before the backend's 3 s"
+    );
+}
+
+#[tokio::test]
+async fn grpc_call_with_no_peer_up_gets_unavailable_with_the_cause() {
+    if !grpcio() {
+        return;
+    }
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = closed.local_addr().unwrap();
+    drop(closed);
+    let up = upkeep(&one_group(&[gone], "protocol = \"http2\"\n")).await;
+    let r = call(up.listeners[0], "unary").await;
+    assert_eq!(r["code"], "UNAVAILABLE", "{r}");
+    assert_eq!(r["details"], "upkeep: connect_failed");
+    assert_eq!(r["trailing"]["upkeep-error"], "connect_failed");
+}

@@ -1,0 +1,413 @@
+//! HTTP/2 upstreams (`protocol = "http2"` and `"auto"`): one connection shared by concurrent
+//! requests, GOAWAY-refused streams sent again on a fresh connection, `grpc-timeout` as a
+//! deadline, trailers, ALPN over TLS, and failures classified like HTTP/1.1 ones.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use support::h2::{h2_client, GoawayBackend, H2Backend};
+use support::{metric, one_group, upkeep};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls;
+use upkeep_test_support::{get, send, TestBackend};
+
+const HTTP2: &str = "protocol = \"http2\"\n";
+
+#[tokio::test]
+async fn concurrent_requests_share_one_http2_upstream_connection() {
+    let b = H2Backend::start().await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let listener = up.listeners[0];
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(tokio::spawn(async move {
+            get(listener, "h2.test", &format!("/sleep/400?i={i}")).await
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.text(), "h2 /sleep/400");
+    }
+    assert_eq!(
+        b.stats.connections.load(Ordering::SeqCst),
+        1,
+        "20 concurrent requests, one upstream connection"
+    );
+    let max = b.stats.max_in_flight.load(Ordering::SeqCst);
+    assert!(
+        max >= 10,
+        "requests ran concurrently on it: at most {max} at once"
+    );
+    let heads = b.stats.heads.lock().unwrap();
+    let (_, uri, headers) = &heads[0];
+    assert_eq!(uri.authority().map(|a| a.as_str()), Some("h2.test"));
+    assert_eq!(uri.scheme_str(), Some("http"));
+    assert!(headers.get("host").is_none(), "Host travels as :authority");
+}
+
+#[tokio::test]
+async fn streams_refused_by_goaway_are_sent_again_on_a_new_connection_whatever_the_method() {
+    let b = GoawayBackend::start(6).await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let listener = up.listeners[0];
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let method = if i % 2 == 0 { "POST" } else { "PATCH" };
+        tasks.push(tokio::spawn(async move {
+            let req = Request::builder()
+                .method(method)
+                .uri(format!("/r{i}"))
+                .header("host", "h2.test")
+                .body(Full::new(Bytes::from(format!("body-{i}"))))
+                .unwrap();
+            send(listener, req).await
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "request {i}: {:?} {}", r.headers, r.text());
+    }
+    let answered = b.answered.lock().unwrap().clone();
+    assert_eq!(answered.len(), 2, "a second connection: {answered:?}");
+    assert_eq!(
+        answered[0],
+        vec![1],
+        "the first connection processed stream 1 only"
+    );
+    assert_eq!(
+        answered[1].len(),
+        5,
+        "the five refused streams, sent again: {answered:?}"
+    );
+    // Each with its whole body, once.
+    let mut bodies: Vec<String> = b
+        .bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 5, "{bodies:?}");
+    assert!(
+        bodies
+            .iter()
+            .all(|b| (0..6).any(|i| *b == format!("body-{i}"))),
+        "{bodies:?}"
+    );
+    assert_eq!(
+        metric(
+            &up,
+            "upkeep_pool_connections_total{event=\"h2_refused_replay\"}"
+        )
+        .await,
+        5.0
+    );
+    assert_eq!(
+        metric(&up, "upkeep_responses_total{origin=\"proxy\"").await,
+        0.0,
+        "no request failed"
+    );
+}
+
+#[tokio::test]
+async fn grpc_timeout_is_enforced_with_deadline_exceeded() {
+    let b = H2Backend::start().await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let mut client = h2_client(up.listeners[0]).await;
+    let req = Request::post("http://grpc.test/sleep/3000")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "300m")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
+        .unwrap();
+    let start = Instant::now();
+    let resp = client.send_request(req).await.unwrap();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(280) && took < Duration::from_millis(2500),
+        "answered at the call's deadline, not the backend's pace: {took:?}"
+    );
+    assert_eq!(resp.status(), 200);
+    let h = resp.headers();
+    assert_eq!(h["content-type"], "application/grpc");
+    assert_eq!(h["grpc-status"], "4", "DEADLINE_EXCEEDED");
+    assert_eq!(h["grpc-message"], "upkeep: upstream_timeout");
+    assert_eq!(h["upkeep-error"], "upstream_timeout");
+    // The backend got the call with its deadline and `te: trailers`.
+    let heads = b.stats.heads.lock().unwrap();
+    assert_eq!(heads[0].2["grpc-timeout"], "300m");
+    assert_eq!(heads[0].2["te"], "trailers");
+}
+
+#[tokio::test]
+async fn http2_upstream_trailers_reach_an_http2_client() {
+    let b = H2Backend::start().await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let mut client = h2_client(up.listeners[0]).await;
+    let req = Request::get("http://h2.test/t")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let collected = resp.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers arrive");
+    assert_eq!(trailers["x-sum"], "42");
+    assert_eq!(&collected.to_bytes()[..], b"h2 /t");
+}
+
+/// An HTTP/1.1 backend that answers with a chunked body and a declared trailer, and keeps the
+/// request heads it read.
+async fn h1_trailer_backend() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let heads: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let h = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = s.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        h.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&head).to_lowercase());
+                        let resp = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n2\r\nok\r\n0\r\nx-sum: 42\r\n\r\n";
+                        if s.write_all(resp).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// One raw HTTP/1.1 exchange; reads until the end of a chunked body (with its trailers).
+async fn raw_exchange(addr: SocketAddr, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let n = s.read(&mut chunk).await.unwrap();
+            out.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&out);
+            if n == 0 || (text.contains("\r\n0\r\n") && text.ends_with("\r\n\r\n")) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("response in time");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn http1_trailers_pass_only_when_the_client_sent_te_trailers() {
+    let (b, heads) = h1_trailer_backend().await;
+    let up = upkeep(&one_group(&[b], "")).await;
+    let asked = raw_exchange(
+        up.listeners[0],
+        "GET /a HTTP/1.1\r\nhost: t.test\r\nte: trailers\r\nconnection: te\r\n\r\n",
+    )
+    .await;
+    let lower = asked.to_lowercase();
+    assert!(lower.contains("\r\ntrailer: x-sum\r\n"), "{asked}");
+    assert!(lower.ends_with("\r\n0\r\nx-sum: 42\r\n\r\n"), "{asked}");
+    let not_asked = raw_exchange(up.listeners[0], "GET /b HTTP/1.1\r\nhost: t.test\r\n\r\n").await;
+    let lower = not_asked.to_lowercase();
+    assert!(!lower.contains("trailer:"), "{not_asked}");
+    assert!(!lower.contains("x-sum"), "{not_asked}");
+    assert!(lower.ends_with("\r\n0\r\n\r\n"), "{not_asked}");
+    let heads = heads.lock().unwrap();
+    assert!(heads[0].contains("\r\nte: trailers\r\n"), "{}", heads[0]);
+    assert!(!heads[1].contains("\r\nte:"), "{}", heads[1]);
+}
+
+#[tokio::test]
+async fn http2_upstream_failures_are_classified_like_http1_ones() {
+    // Nothing listens: connect_failed.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gone = closed.local_addr().unwrap();
+    drop(closed);
+    let up = upkeep(&one_group(&[gone], HTTP2)).await;
+    let r = get(up.listeners[0], "h2.test", "/").await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("upkeep-error"), Some("connect_failed"));
+    // An HTTP/1.1-only server behind `protocol = "http2"`: the h2 session fails, classified.
+    let h1 = TestBackend::start("h1").await;
+    let up = upkeep(&one_group(&[h1.addr()], HTTP2)).await;
+    let r = get(up.listeners[0], "h2.test", "/").await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.header("upkeep-error"), Some("upstream_reset"));
+}
+
+#[test]
+fn protocol_values_and_auto_without_tls_are_config_errors() {
+    let bad = upkeep_proxy::config::parse(
+        std::path::Path::new("test.toml"),
+        &one_group(&["127.0.0.1:9".parse().unwrap()], "protocol = \"h3\"\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("expected \"http1\", \"http2\" or \"auto\""),
+        "{bad}"
+    );
+    assert!(bad.contains("test.toml:"), "{bad}");
+    let auto = upkeep_proxy::config::parse(
+        std::path::Path::new("test.toml"),
+        &one_group(&["127.0.0.1:9".parse().unwrap()], "protocol = \"auto\"\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(auto.contains("needs https:// endpoints"), "{auto}");
+}
+
+/// A TLS backend (hyper-util's auto server) offering `alpn`; answers its HTTP version.
+async fn tls_backend(alpn: &[&[u8]], dir: &std::path::Path) -> SocketAddr {
+    let cert = rcgen::generate_simple_self_signed(vec!["upstream.test".to_owned()]).unwrap();
+    std::fs::write(dir.join("ca.pem"), cert.cert.pem()).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc =
+                    hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from(format!("{:?}", req.version())),
+                        )))
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .await;
+            });
+        }
+    });
+    addr
+}
+
+fn tls_group(addr: SocketAddr, dir: &std::path::Path, protocol: &str) -> String {
+    format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[route]]\ngroup = \"app\"\n\n\
+         [groups.app]\nendpoints = [\"https://{addr}\"]\nprotocol = \"{protocol}\"\n\n\
+         [groups.app.tls]\nserver_name = \"upstream.test\"\nca = \"{}\"\n",
+        dir.join("ca.pem").display()
+    )
+}
+
+#[tokio::test]
+async fn auto_follows_alpn_and_http2_over_tls_speaks_h2() {
+    let dir = std::env::temp_dir().join(format!("upkeep-h2alpn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let both = dir.join("both");
+    let h1only = dir.join("h1");
+    std::fs::create_dir_all(&both).unwrap();
+    std::fs::create_dir_all(&h1only).unwrap();
+    let b2 = tls_backend(&[b"h2", b"http/1.1"], &both).await;
+    let b1 = tls_backend(&[b"http/1.1"], &h1only).await;
+    for (addr, d, protocol, want) in [
+        (b2, &both, "auto", "HTTP/2.0"),
+        (b2, &both, "http2", "HTTP/2.0"),
+        (b2, &both, "http1", "HTTP/1.1"),
+        (b1, &h1only, "auto", "HTTP/1.1"),
+    ] {
+        let up = upkeep(&tls_group(addr, d, protocol)).await;
+        for _ in 0..2 {
+            let r = get(up.listeners[0], "a.test", "/").await;
+            assert_eq!(r.status, 200, "{protocol}: {}", r.text());
+            assert_eq!(r.text(), want, "protocol = {protocol:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_answering_pings_is_dropped_before_try_timeout() {
+    let (addr, _task) = support::h2::silent_backend().await;
+    let up = upkeep(&one_group(
+        &[addr],
+        "protocol = \"http2\"\ntry_timeout = \"8s\"\n\n[groups.app.pool]\nhttp2_keepalive_interval = \"200ms\"\nhttp2_keepalive_timeout = \"300ms\"\n",
+    ))
+    .await;
+    let start = Instant::now();
+    let r = get(up.listeners[0], "h2.test", "/hangs").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.header("upkeep-error"), Some("upstream_reset"));
+    assert!(
+        took < Duration::from_secs(4),
+        "the unanswered PING ended it, not try_timeout: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_refused_with_refused_stream_is_sent_again_with_its_body() {
+    let b = GoawayBackend::start_refusing().await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let req = Request::post("/orders")
+        .header("host", "h2.test")
+        .body(Full::new(Bytes::from_static(b"one order")))
+        .unwrap();
+    let r = send(up.listeners[0], req).await;
+    assert_eq!(r.status, 200, "{:?} {}", r.headers, r.text());
+    let answered = b.answered.lock().unwrap().clone();
+    assert_eq!(answered.len(), 2, "{answered:?}");
+    assert!(
+        answered[0].is_empty(),
+        "the first connection answered nothing"
+    );
+    assert_eq!(answered[1].len(), 1);
+    assert_eq!(
+        b.bodies.lock().unwrap().clone(),
+        vec![b"one order".to_vec()]
+    );
+    assert_eq!(
+        metric(
+            &up,
+            "upkeep_pool_connections_total{event=\"h2_refused_replay\"}"
+        )
+        .await,
+        1.0
+    );
+}
