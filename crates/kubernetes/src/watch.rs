@@ -243,6 +243,10 @@ async fn connect(settings: &ApiSettings) -> Result<Client, String> {
             .await
             .map_err(|e| format!("no Kubernetes config (KUBECONFIG, ~/.kube/config or in-cluster service account): {e}"))?,
     };
+    let mut config = config;
+    // kube-rs would retry 429/503/504 inside one request, past request_timeout; the loop's
+    // own backoff (error_backoff) retries instead, and counts each failure.
+    config.default_retry = false;
     Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))
 }
 

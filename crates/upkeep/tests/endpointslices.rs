@@ -241,12 +241,25 @@ impl Upkeep {
     }
 }
 
+/// `n` backends on one port, each on its own loopback address, as a Service's pods share a
+/// target port: the fake API server then keeps them in one EndpointSlice, as the
+/// EndpointSlice controller does.
 async fn backends(n: usize) -> Vec<TestBackend> {
-    let mut v = Vec::new();
-    for name in ["b0", "b1", "b2", "b3"].iter().take(n) {
-        v.push(TestBackend::start(name).await);
+    let names = ["b0", "b1", "b2", "b3"];
+    'attempt: for _ in 0..20 {
+        let first = TestBackend::start(names[0]).await;
+        let port = first.addr().port();
+        let mut v = vec![first];
+        for (i, name) in names.iter().enumerate().take(n).skip(1) {
+            let addr = SocketAddr::from(([127, 0, 0, 1 + i as u8], port));
+            if std::net::TcpListener::bind(addr).is_err() {
+                continue 'attempt;
+            }
+            v.push(TestBackend::start_on(addr, *name).await);
+        }
+        return v;
     }
-    v
+    panic!("no port free on 127.0.0.1-4");
 }
 
 fn addrs(b: &[TestBackend]) -> Vec<SocketAddr> {
@@ -451,7 +464,7 @@ async fn emptied_slices_empty_the_group_only_after_stale_grace() {
     assert_eq!(k["dropped_reason"], "empty_grace_expired", "{k}");
     let r = get(up.listen, "app", "/").await;
     assert_eq!(r.status, 503);
-    assert_eq!(r.header("upkeep-error"), Some("no_peers"));
+    assert_eq!(r.header("upkeep-error"), Some("no_peers; reason=empty_group"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
