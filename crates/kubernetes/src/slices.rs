@@ -161,14 +161,14 @@ pub fn split(eps: &[Endpoint]) -> Split {
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// An address and its `ready`, `serving`, `terminating` conditions.
+    type Conds = (&'static str, Option<bool>, Option<bool>, Option<bool>);
+
     use k8s_openapi::api::discovery::v1::{
         Endpoint as KEndpoint, EndpointConditions, EndpointPort,
     };
 
-    fn slice(
-        ports: &[(&str, i32)],
-        eps: &[(&str, Option<bool>, Option<bool>, Option<bool>)],
-    ) -> EndpointSlice {
+    fn slice(ports: &[(&str, i32)], eps: &[Conds]) -> EndpointSlice {
         EndpointSlice {
             address_type: "IPv4".into(),
             ports: Some(

@@ -255,7 +255,7 @@ async fn backends(n: usize) -> Vec<TestBackend> {
             if std::net::TcpListener::bind(addr).is_err() {
                 continue 'attempt;
             }
-            v.push(TestBackend::start_on(addr, *name).await);
+            v.push(TestBackend::start_on(addr, name).await);
         }
         return v;
     }
@@ -464,7 +464,10 @@ async fn emptied_slices_empty_the_group_only_after_stale_grace() {
     assert_eq!(k["dropped_reason"], "empty_grace_expired", "{k}");
     let r = get(up.listen, "app", "/").await;
     assert_eq!(r.status, 503);
-    assert_eq!(r.header("upkeep-error"), Some("no_peers; reason=empty_group"));
+    assert_eq!(
+        r.header("upkeep-error"),
+        Some("no_peers; reason=empty_group")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
