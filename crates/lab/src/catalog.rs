@@ -17,6 +17,9 @@ pub const CATALOG: &[(&str, &str)] = &[
     entry!("drain"),
     entry!("upgrade"),
     entry!("reload-under-dns-failure"),
+    entry!("k8s-api-down-30s"),
+    entry!("k8s-rolling-update"),
+    entry!("k8s-watch-gone"),
 ];
 
 macro_rules! entry {

@@ -241,6 +241,14 @@ impl FakeKube {
     }
 }
 
+/// A kubeconfig whose current context is the fake API server at `addr` (plain HTTP, no
+/// credentials), as a target reads it.
+pub fn kubeconfig(addr: SocketAddr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\ncurrent-context: lab\nusers:\n- name: lab\n  user: {{}}\n"
+    )
+}
+
 /// Starts the server and, if asked, its control endpoint.
 pub async fn start(
     listen: SocketAddr,

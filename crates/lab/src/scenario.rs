@@ -58,6 +58,19 @@ pub struct Scenario {
     pub faults: Vec<FaultSpec>,
     /// Kubelet-like probes against the target's admin endpoints.
     pub probes: Option<ProbesSpec>,
+    /// A Service on the fake Kubernetes API server whose EndpointSlices the target watches.
+    pub kubernetes: Option<KubeSpec>,
+}
+
+/// A Service on the fake Kubernetes API server (`upkeep lab kube`); the target's main group
+/// discovers its peers from the Service's EndpointSlices.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeSpec {
+    /// `namespace/name`.
+    pub service: String,
+    /// Backends that are ready endpoints at the start.
+    pub backends: Vec<String>,
 }
 
 fn default_rate() -> f64 {
@@ -143,7 +156,9 @@ fn default_ttl() -> u32 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSpec {
-    /// Server lines of the main group: a backend name (static address) or a DNS name.
+    /// Server lines of the main group: a backend name (static address) or a DNS name
+    /// (none when a `[kubernetes]` Service gives the peers).
+    #[serde(default)]
     pub servers: Vec<String>,
     /// Backends of an optional group (routed under `/search`), for the probe cascade.
     #[serde(default)]
@@ -182,7 +197,18 @@ pub struct FaultSpec {
     /// disk, then the proxy's own reload), `upgrade` (the proxy's own binary upgrade), or
     /// `TERM`, `QUIT`, `INT`, `HUP`.
     pub signal: Option<String>,
+    /// Fake Kubernetes API server step: `unreachable`, `5xx` (both undone by `for`), `cut`
+    /// (watches end), `gone` (history compacted: resuming gets 410), `endpoints` (set the
+    /// Service's `ready` and `terminating` backends), `empty`.
+    pub kube: Option<String>,
+    /// Backends that are ready endpoints after a `kube = "endpoints"` step.
+    pub ready: Option<Vec<String>>,
+    /// Backends that are terminating (serving) endpoints after a `kube = "endpoints"` step.
+    pub terminating: Option<Vec<String>>,
 }
+
+/// The fake API server steps a `[[fault]]` may take.
+pub const KUBE_STEPS: &[&str] = &["unreachable", "5xx", "cut", "gone", "endpoints", "empty"];
 
 /// Kubelet-like probes with the incident's periods and thresholds (scaled by the file).
 #[derive(Debug, Clone, Deserialize)]
@@ -322,6 +348,28 @@ impl Scenario {
                 }
             }
         }
+        match &self.kubernetes {
+            None if self.upstream.servers.is_empty() => {
+                out.push("upstream needs servers, or a [kubernetes] service".to_owned())
+            }
+            None => {}
+            Some(k) => {
+                if k.service
+                    .split_once('/')
+                    .is_none_or(|(ns, n)| ns.is_empty() || n.is_empty())
+                {
+                    out.push(format!(
+                        "kubernetes service {:?} is not namespace/name",
+                        k.service
+                    ));
+                }
+                for b in &k.backends {
+                    if !backends.contains(b.as_str()) {
+                        out.push(format!("kubernetes names unknown backend {b}"));
+                    }
+                }
+            }
+        }
         for s in self.upstream.servers.iter().chain(&self.upstream.optional) {
             if !backends.contains(s.as_str()) && !names.contains(s.as_str()) {
                 out.push(format!(
@@ -339,11 +387,31 @@ impl Scenario {
                     out.push(format!("fault #{n} waits for unknown dns_name {q}"));
                 }
             }
-            let kinds = [f.backend.is_some(), f.dns.is_some(), f.signal.is_some()];
+            let kinds = [
+                f.backend.is_some(),
+                f.dns.is_some(),
+                f.signal.is_some(),
+                f.kube.is_some(),
+            ];
             if kinds.iter().filter(|k| **k).count() != 1 {
                 out.push(format!(
-                    "fault #{n} needs exactly one of backend, dns, signal"
+                    "fault #{n} needs exactly one of backend, dns, signal, kube"
                 ));
+            }
+            if let Some(k) = &f.kube {
+                if self.kubernetes.is_none() {
+                    out.push(format!("fault #{n}: kube needs a [kubernetes] service"));
+                }
+                if !KUBE_STEPS.contains(&k.as_str()) {
+                    out.push(format!(
+                        "fault #{n}: unknown kube step {k:?} (one of {KUBE_STEPS:?})"
+                    ));
+                }
+                for b in f.ready.iter().chain(&f.terminating).flatten() {
+                    if !backends.contains(b.as_str()) {
+                        out.push(format!("fault #{n} names unknown backend {b}"));
+                    }
+                }
             }
             if let Some(b) = &f.backend {
                 if !backends.contains(b.as_str()) {

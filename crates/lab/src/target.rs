@@ -111,6 +111,8 @@ pub struct Rig {
     pub backend_ips: BTreeMap<String, Ipv4Addr>,
     /// The fake DNS, when the scenario has names.
     pub dns: Option<SocketAddr>,
+    /// A kubeconfig for the fake Kubernetes API server, when the scenario has a Service.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// A config ready to launch, or why the target cannot run the scenario.
@@ -153,6 +155,11 @@ pub fn prepare(
     rig: &Rig,
     dir: &Path,
 ) -> Prepared {
+    if kind != TargetKind::Upkeep {
+        if let Some(skip) = templates::no_endpointslices(kind.name(), scenario) {
+            return skip;
+        }
+    }
     let Some(bin) = bins.get(kind) else {
         return Prepared::Skip(format!("{} is not installed", kind.name()));
     };

@@ -39,6 +39,8 @@ pub struct Handles {
     pub target_kind: Option<crate::target::TargetKind>,
     /// The target's reload and upgrade, for `signal = "reload"` and `"upgrade"`.
     pub target: Option<crate::target::Control>,
+    /// The fake Kubernetes API server and the backends' port, if the scenario has a Service.
+    pub kube: Option<(crate::kube::FakeKube, u16)>,
 }
 
 /// A running timeline.
@@ -192,6 +194,9 @@ fn apply(scenario: &Scenario, f: &FaultSpec, h: &Handles, undo: bool) -> String 
         dns.set_mode(name, m);
         return format!("{name} {mode}");
     }
+    if let (Some(step), Some((kube, port))) = (&f.kube, &h.kube) {
+        return kube_step(scenario, f, step, kube, *port, undo);
+    }
     if let Some(sig) = &f.signal {
         match (sig.as_str(), &h.target, undo) {
             ("reload", Some(t), false) => return t.reload(),
@@ -221,3 +226,91 @@ fn apply(scenario: &Scenario, f: &FaultSpec, h: &Handles, undo: bool) -> String 
 
 #[cfg(test)]
 mod tests;
+
+/// The endpoints of `names` (backends) on the backends' port.
+fn backend_addrs(scenario: &Scenario, names: &[String], port: u16) -> Vec<std::net::SocketAddr> {
+    names
+        .iter()
+        .filter_map(|n| scenario.backends.iter().find(|b| &b.name == n))
+        .map(|b| std::net::SocketAddr::new(IpAddr::V4(b.ip), port))
+        .collect()
+}
+
+/// Sets the Service's endpoints: `ready` ones, then `terminating` (serving) ones.
+pub fn kube_endpoints(
+    scenario: &Scenario,
+    kube: &crate::kube::FakeKube,
+    port: u16,
+    ready: &[String],
+    terminating: &[String],
+) {
+    let Some((ns, name)) = scenario
+        .kubernetes
+        .as_ref()
+        .and_then(|k| k.service.split_once('/'))
+    else {
+        return;
+    };
+    let eps = backend_addrs(scenario, ready, port)
+        .into_iter()
+        .map(crate::kube::Endpoint::ready)
+        .chain(
+            backend_addrs(scenario, terminating, port)
+                .into_iter()
+                .map(crate::kube::Endpoint::terminating),
+        )
+        .collect();
+    kube.update(|s| s.set_endpoints(ns, name, "http", eps));
+}
+
+/// One fake API server step (or its undo); returns its label.
+fn kube_step(
+    scenario: &Scenario,
+    f: &FaultSpec,
+    step: &str,
+    kube: &crate::kube::FakeKube,
+    port: u16,
+    undo: bool,
+) -> String {
+    use crate::kube::Fault as K;
+    let start = scenario
+        .kubernetes
+        .as_ref()
+        .map(|k| k.backends.clone())
+        .unwrap_or_default();
+    match (step, undo) {
+        ("unreachable", false) => {
+            let _ = kube.set_fault(K::Unreachable);
+        }
+        ("5xx", false) => {
+            let _ = kube.set_fault(K::Error);
+            // Open watches end, so every request after this one meets the fault.
+            kube.cut();
+        }
+        ("unreachable" | "5xx", true) => {
+            let _ = kube.set_fault(K::None);
+        }
+        ("cut", false) => kube.cut(),
+        ("gone", false) => kube.gone(),
+        ("endpoints", false) => kube_endpoints(
+            scenario,
+            kube,
+            port,
+            f.ready.as_deref().unwrap_or(&[]),
+            f.terminating.as_deref().unwrap_or(&[]),
+        ),
+        ("empty", false) => kube_endpoints(scenario, kube, port, &[], &[]),
+        ("endpoints" | "empty", true) => kube_endpoints(scenario, kube, port, &start, &[]),
+        _ => {}
+    }
+    let mut label = format!("API server {step}");
+    if step == "endpoints" {
+        let list = |v: &Option<Vec<String>>| v.as_deref().unwrap_or(&[]).join(",");
+        label = format!(
+            "endpoints ready [{}] terminating [{}]",
+            list(&f.ready),
+            list(&f.terminating)
+        );
+    }
+    label
+}

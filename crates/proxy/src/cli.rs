@@ -147,6 +147,7 @@ pub fn quick_start(
         groups,
         access_log: config::AccessLog::Stdout,
         access_log_format: config::AccessLogFormat::default(),
+        kubernetes: config::KubernetesConfig::default(),
     })
 }
 

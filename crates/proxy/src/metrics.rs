@@ -5,6 +5,7 @@
 //! that went away takes its series with it). See docs/observability.md.
 
 mod exposition;
+mod kubernetes;
 mod peers;
 mod upgrade;
 
@@ -110,6 +111,12 @@ pub struct Metrics {
     pub dns_lookups: Family<OutcomeLabel, Counter>,
     /// Peer address-set changes made by discovery.
     pub dns_changes: Counter,
+    /// EndpointSlice lists, watch events and bookmarks by kind.
+    pub kube_events: Family<EventLabel, Counter>,
+    /// Failed Kubernetes API requests and broken watches, by class.
+    pub kube_errors: Family<ReasonLabel, Counter>,
+    /// Peer set changes made by EndpointSlice discovery.
+    pub kube_changes: Counter,
     /// Peer ejections by passive health.
     pub peer_ejections: Counter,
     /// Retries by reason.
@@ -192,6 +199,9 @@ impl Metrics {
             pool_stale_replays: Counter::default(),
             dns_lookups: Family::default(),
             dns_changes: Counter::default(),
+            kube_events: Family::default(),
+            kube_errors: Family::default(),
+            kube_changes: Counter::default(),
             peer_ejections: Counter::default(),
             retries: Family::default(),
             retry_budget_exhausted: Counter::default(),
@@ -314,6 +324,7 @@ impl Metrics {
             m.access_log_dropped.clone(),
         );
         m.upgraded.register(&mut r);
+        kubernetes::register(&mut r, &m);
         Arc::new(Metrics { registry: r, ..m })
     }
 

@@ -49,6 +49,7 @@ impl State {
     ) -> Result<(State, GroupChanges), String> {
         let resolver = shared.resolver(&config.dns)?;
         let dns_same = prev.is_some_and(|p| p.config.dns == config.dns);
+        let kube_same = prev.is_some_and(|p| p.config.kubernetes == config.kubernetes);
         let mut changes = GroupChanges::default();
         let mut groups = HashMap::new();
         for (name, gcfg) in &config.groups {
@@ -57,8 +58,16 @@ impl State {
                 .endpoints
                 .iter()
                 .any(|e| matches!(e.source, crate::config::EndpointSource::Name { .. }));
+            let has_kube = gcfg
+                .endpoints
+                .iter()
+                .any(|e| matches!(e.source, crate::config::EndpointSource::Kubernetes { .. }));
             let group = match old {
-                Some(g) if g.config() == gcfg && (dns_same || !has_names) => {
+                Some(g)
+                    if g.config() == gcfg
+                        && (dns_same || !has_names)
+                        && (kube_same || !has_kube) =>
+                {
                     changes.kept.push(name.clone());
                     g.clone()
                 }
@@ -81,6 +90,11 @@ impl State {
                         }
                     };
                     names::start(&g, resolver.clone(), shared.metrics.clone());
+                    crate::upstream::kubernetes::start(
+                        &g,
+                        &config.kubernetes,
+                        shared.metrics.clone(),
+                    );
                     crate::upstream::active::start(&g);
                     g
                 }

@@ -3,6 +3,7 @@
 pub mod active;
 pub mod down;
 pub mod group;
+pub mod kubernetes;
 pub mod names;
 pub mod peer;
 

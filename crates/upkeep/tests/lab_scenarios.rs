@@ -4,6 +4,7 @@
 //! Runs at a reduced rate so the whole file stays within a few minutes on two cores.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use upkeep_lab::catalog::CATALOG;
 use upkeep_lab::report::RunReport;
@@ -39,8 +40,11 @@ fn options() -> RunOptions {
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn run(name: &str, kind: TargetKind) -> RunReport {
+    run_scenario(scenario(name), kind).await
+}
+
+async fn run_scenario(s: Scenario, kind: TargetKind) -> RunReport {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let s = scenario(name);
     let report = run_one(&s, kind, &options()).await;
     eprintln!(
         "{}",
@@ -50,7 +54,24 @@ async fn run(name: &str, kind: TargetKind) -> RunReport {
 }
 
 async fn assert_upkeep_clean(name: &str) {
-    let r = run(name, TargetKind::Upkeep).await;
+    assert_clean(name, run(name, TargetKind::Upkeep).await);
+}
+
+/// A copy of the catalog scenario whose long fault lasts only `fault_for` (the load runs 2 s
+/// before it and 2 s after), for the faults the catalog holds for tens of seconds.
+fn shortened(name: &str, fault_for: Duration) -> Scenario {
+    let mut s = scenario(name);
+    for f in &mut s.faults {
+        f.at = Some(Duration::from_secs(2));
+        if f.lasts.is_some() {
+            f.lasts = Some(fault_for);
+        }
+    }
+    s.duration = fault_for + Duration::from_secs(4);
+    s
+}
+
+fn assert_clean(name: &str, r: RunReport) {
     assert!(!r.skipped, "upkeep did not run {name}: {:?}", r.skip_reason);
     assert!(r.requests > 0, "{name}: no requests were sent");
     assert!(
@@ -92,6 +113,36 @@ upkeep_has_no_errors! {
     upkeep_cuts_no_request_when_drained_with_sigterm => "drain",
     upkeep_refuses_no_connection_across_a_binary_upgrade => "upgrade",
     upkeep_has_no_errors_when_a_reload_changes_a_timeout_while_dns_is_silent => "reload-under-dns-failure",
+    upkeep_has_no_errors_through_a_rolling_update_seen_in_endpointslices => "k8s-rolling-update",
+    upkeep_has_no_errors_when_the_watch_is_cut_and_relisted_after_410 => "k8s-watch-gone",
+}
+
+macro_rules! upkeep_has_no_errors_shortened {
+    ($($test:ident => $name:literal for $secs:literal s),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let s = shortened($name, Duration::from_secs($secs));
+            assert_clean($name, run_scenario(s, TargetKind::Upkeep).await);
+        }
+    )*};
+}
+
+upkeep_has_no_errors_shortened! {
+    upkeep_has_no_errors_while_the_api_server_is_down => "k8s-api-down-30s" for 6 s,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_and_haproxy_rows_of_endpointslice_scenarios_are_skipped_with_the_reason() {
+    for kind in [TargetKind::Nginx, TargetKind::Haproxy] {
+        let r = run("k8s-watch-gone", kind).await;
+        assert!(r.skipped, "{} ran an EndpointSlice scenario", kind.name());
+        let reason = r.skip_reason.unwrap_or_default();
+        assert!(
+            reason.contains("cannot read EndpointSlices"),
+            "{}: {reason}",
+            kind.name()
+        );
+    }
 }
 
 #[test]

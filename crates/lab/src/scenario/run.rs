@@ -120,6 +120,22 @@ async fn run_inner(
             .map_err(setup("fake DNS"))?;
         Some(Arc::new(d))
     };
+    let kube = match &scenario.kubernetes {
+        None => None,
+        Some(k) => {
+            let fake = crate::kube::FakeKube::start(
+                "127.0.0.1:0".parse().expect("static"),
+                Duration::from_secs(1),
+            )
+            .await
+            .map_err(setup("fake Kubernetes API server"))?;
+            timeline::kube_endpoints(scenario, &fake, backend_port, &k.backends, &[]);
+            let path = dir.path().join("kubeconfig.yaml");
+            std::fs::write(&path, crate::kube::kubeconfig(fake.local_addr()))
+                .map_err(setup("kubeconfig"))?;
+            Some((fake, path))
+        }
+    };
     let rig = Rig {
         listen: SocketAddr::from(([127, 0, 0, 1], target::free_port().map_err(setup("port"))?)),
         admin: SocketAddr::from(([127, 0, 0, 1], target::free_port().map_err(setup("port"))?)),
@@ -130,6 +146,7 @@ async fn run_inner(
             .map(|b| (b.name.clone(), b.ip))
             .collect(),
         dns: dns.as_ref().map(|d| d.local_addr()),
+        kubeconfig: kube.as_ref().map(|(_, p)| p.clone()),
     };
     let prepared = target::prepare(kind, &opts.bins, scenario, &rig, dir.path());
     let (label, pattern, config) = match prepared {
@@ -183,6 +200,7 @@ async fn run_inner(
         target_pid: running.pid(),
         target_kind: Some(kind),
         target: running.control(),
+        kube: kube.as_ref().map(|(k, _)| (k.clone(), backend_port)),
     };
     let timeline = Timeline::start(scenario, handles, t0);
     let prober = scenario.probes.clone().map(|p| Prober::start(rig.admin, p));

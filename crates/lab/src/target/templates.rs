@@ -26,11 +26,27 @@ fn quoted_list(items: &[String]) -> String {
     format!("[{}]", inner.join(", "))
 }
 
+/// The skip of a proxy that cannot take its peers from a Kubernetes Service.
+pub(super) fn no_endpointslices(proxy: &str, scenario: &Scenario) -> Option<Prepared> {
+    scenario.kubernetes.as_ref().map(|_| {
+        Prepared::Skip(format!(
+            "{proxy} cannot read EndpointSlices (it has no Kubernetes API discovery)"
+        ))
+    })
+}
+
 pub(super) fn upkeep(scenario: &Scenario, rig: &Rig) -> Prepared {
     let mut c = String::new();
     let _ = writeln!(c, "[admin]\nlisten = \"{}\"\n", rig.admin);
     if let Some(dns) = rig.dns {
         let _ = writeln!(c, "[dns]\nservers = [\"{dns}\"]\ntimeout = \"1s\"\n");
+    }
+    if let Some(kc) = &rig.kubeconfig {
+        let _ = writeln!(
+            c,
+            "[kubernetes]\nkubeconfig = \"{}\"\nrequest_timeout = \"1s\"\n",
+            kc.display()
+        );
     }
     let _ = writeln!(
         c,
@@ -41,12 +57,25 @@ pub(super) fn upkeep(scenario: &Scenario, rig: &Rig) -> Prepared {
     if !scenario.upstream.optional.is_empty() {
         let _ = writeln!(c, "[[route]]\npath = \"/search\"\ngroup = \"search\"\n");
     }
-    group(
-        &mut c,
-        "app",
-        true,
-        &endpoints(&scenario.upstream.servers, rig),
-    );
+    match &scenario.kubernetes {
+        Some(k) => {
+            let _ = writeln!(
+                c,
+                "[groups.app]\nrequired = true\nendpoints = [{{ kubernetes = \"{}\", port = \"http\" }}]\nconnect_timeout = \"1s\"\ntry_timeout = \"2s\"\ndeadline = \"5s\"\n",
+                k.service
+            );
+            let _ = writeln!(
+                c,
+                "[groups.app.retry]\nattempts = 3\nconnect_retry_window = \"3s\"\n\n[groups.app.discovery]\nerror_backoff = \"200ms\"\nmax_refresh = \"2s\"\n"
+            );
+        }
+        None => group(
+            &mut c,
+            "app",
+            true,
+            &endpoints(&scenario.upstream.servers, rig),
+        ),
+    }
     if !scenario.upstream.optional.is_empty() {
         group(
             &mut c,
@@ -55,7 +84,9 @@ pub(super) fn upkeep(scenario: &Scenario, rig: &Rig) -> Prepared {
             &endpoints(&scenario.upstream.optional, rig),
         );
     }
-    let mut pattern = if scenario.dns_servers().is_empty() {
+    let mut pattern = if scenario.kubernetes.is_some() {
+        "EndpointSlice endpoints".to_owned()
+    } else if scenario.dns_servers().is_empty() {
         "static endpoints".to_owned()
     } else {
         "DNS endpoints".to_owned()
@@ -116,6 +147,9 @@ fn nginx_for_version(
     rig: &Rig,
     dir: &Path,
 ) -> Prepared {
+    if let Some(skip) = no_endpointslices("nginx", scenario) {
+        return skip;
+    }
     if scenario.probes.is_some() {
         return Prepared::Skip(
             "nginx has no admin endpoints (/livez, /readyz, /startupz) for probes to ask".into(),
@@ -244,6 +278,9 @@ fn fixed_addrs(scenario: &Scenario, names: &[&str]) -> Option<Vec<Option<std::ne
 }
 
 pub(super) fn haproxy(bin: &Path, scenario: &Scenario, rig: &Rig) -> Prepared {
+    if let Some(skip) = no_endpointslices("haproxy", scenario) {
+        return skip;
+    }
     if scenario.probes.is_some() {
         return Prepared::Skip(
             "HAProxy has no admin endpoints (/livez, /readyz, /startupz) for probes to ask".into(),
@@ -340,6 +377,7 @@ mod tests {
                 .map(|b| (b.name.clone(), b.ip))
                 .collect(),
             dns: (!scenario.dns_servers().is_empty()).then(|| "127.0.0.1:15353".parse().unwrap()),
+            kubeconfig: None,
         }
     }
 

@@ -30,6 +30,7 @@ async fn a_timed_fault_holds_from_at_until_for_has_passed() {
         backends: [("dc1".to_owned(), b.clone())].into_iter().collect(),
         dns: None,
         target_pid: None,
+        kube: None,
         target_kind: None,
         target: None,
     };
@@ -100,6 +101,7 @@ signal = "stop"
             backends: BTreeMap::new(),
             dns: None,
             target_pid: Some(child.id()),
+            kube: None,
             target_kind: Some(kind),
             target: None,
         };

@@ -54,6 +54,30 @@ pub struct Config {
     pub access_log: AccessLog,
     /// How access-log lines are written.
     pub access_log_format: AccessLogFormat,
+    /// How EndpointSlice discovery reaches the API server.
+    pub kubernetes: KubernetesConfig,
+}
+
+/// `[kubernetes]`: the API server EndpointSlice discovery watches.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KubernetesConfig {
+    /// A kubeconfig file; unset: `KUBECONFIG`, `~/.kube/config`, then the in-cluster
+    /// service account.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Longest wait for one list, watch start or Service read; a slower API server counts as
+    /// failed (peers unchanged) and is retried with backoff.
+    #[serde(with = "secs")]
+    pub request_timeout: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Access-log destination.
@@ -354,6 +378,13 @@ pub enum EndpointSource {
         host: String,
         /// Port.
         port: u16,
+    },
+    /// A Kubernetes Service's EndpointSlices, watched through the API server.
+    Kubernetes {
+        /// `namespace/name`.
+        service: upkeep_kubernetes::ServiceRef,
+        /// The port of its endpoints.
+        port: upkeep_kubernetes::PortSel,
     },
 }
 

@@ -66,6 +66,9 @@ impl std::fmt::Display for EndpointSource {
         match self {
             EndpointSource::Static(a) => write!(f, "{a}"),
             EndpointSource::Name { host, port } => write!(f, "{host}:{port}"),
+            EndpointSource::Kubernetes { service, port } => {
+                write!(f, "kubernetes:{service}:{port}")
+            }
         }
     }
 }
@@ -80,6 +83,19 @@ impl Serialize for Endpoint {
     /// `"host:port"` in tier 0, `{ addr = "host:port", tier = N }` otherwise; `https://`
     /// in front for TLS endpoints.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if let EndpointSource::Kubernetes { service, port } = &self.source {
+            let mut m = s.serialize_map(None)?;
+            m.serialize_entry("kubernetes", &service.to_string())?;
+            match port {
+                upkeep_kubernetes::PortSel::Name(n) => m.serialize_entry("port", n)?,
+                upkeep_kubernetes::PortSel::Number(n) => m.serialize_entry("port", n)?,
+                upkeep_kubernetes::PortSel::Only => {}
+            }
+            if self.tier != 0 {
+                m.serialize_entry("tier", &self.tier)?;
+            }
+            return m.end();
+        }
         let addr = if self.https {
             format!("https://{}", self.source)
         } else {

@@ -47,6 +47,15 @@ pub(crate) struct File {
     pub groups: BTreeMap<S<String>, Group>,
     pub access_log: Option<S<String>>,
     pub access_log_format: Option<S<String>>,
+    pub kubernetes: Option<Kubernetes>,
+}
+
+/// `[kubernetes]`: how EndpointSlice discovery reaches the API server.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Kubernetes {
+    pub kubeconfig: Option<S<String>>,
+    pub request_timeout: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -193,9 +202,22 @@ pub(crate) enum Endpoint {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EndpointTable {
-    pub addr: String,
+    pub addr: Option<String>,
+    /// `namespace/service`: the Service's EndpointSlices. (No spans inside an untagged
+    /// enum: problems point at the whole endpoint.)
+    pub kubernetes: Option<String>,
+    /// The Service port (name or number) of a `kubernetes` endpoint.
+    pub port: Option<PortValue>,
     #[serde(default)]
     pub tier: i64,
+}
+
+/// A port written as a name or a number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum PortValue {
+    Name(String),
+    Number(i64),
 }
 
 #[derive(Debug, Deserialize)]

@@ -111,6 +111,9 @@ pub(super) fn validate(
                 .map(|(_, _, source)| match source {
                     EndpointSource::Static(a) => a.ip().to_string(),
                     EndpointSource::Name { host, .. } => host.clone(),
+                    EndpointSource::Kubernetes { service, .. } => {
+                        format!("{}.{}.svc", service.name, service.namespace)
+                    }
                 })
                 .collect();
             names.sort();

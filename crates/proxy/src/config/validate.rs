@@ -10,6 +10,7 @@ use super::surface::{self, S};
 use super::{parse_duration, Locator, Problem};
 
 mod admin;
+mod kubernetes;
 mod route_rules;
 
 pub(super) struct Ctx<'a> {
@@ -208,6 +209,7 @@ pub(super) fn validate(file: surface::File, cx: &mut Ctx<'_>) -> Option<Config> 
     let loc = cx.loc;
 
     let admin = admin::admin(cx, file.admin.as_ref());
+    let kubernetes = kubernetes::section(cx, file.kubernetes.as_ref());
 
     let mut dns = DnsConfig::default();
     if let Some(d) = &file.dns {
@@ -446,6 +448,7 @@ pub(super) fn validate(file: surface::File, cx: &mut Ctx<'_>) -> Option<Config> 
         groups,
         access_log,
         access_log_format,
+        kubernetes,
     })
 }
 
@@ -456,7 +459,7 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
     for e in g.endpoints.get_ref() {
         let (text, tier) = match e.get_ref() {
             surface::Endpoint::Plain(s) => (s.as_str(), 0),
-            surface::Endpoint::Table(t) => (t.addr.as_str(), t.tier),
+            surface::Endpoint::Table(t) => (t.addr.as_deref().unwrap_or(""), t.tier),
         };
         if !(0..=7).contains(&tier) {
             cx.err(
@@ -464,6 +467,38 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
                 format!("tier must be between 0 and 7, got {tier}"),
             );
             continue;
+        }
+        if let surface::Endpoint::Table(t) = e.get_ref() {
+            if t.kubernetes.is_some() {
+                if let Some(source) = kubernetes::endpoint(cx, e.span(), t) {
+                    if !seen.insert(source.clone()) {
+                        cx.err(
+                            e.span(),
+                            format!(
+                                "endpoint {source} is listed twice in group {:?}",
+                                name.get_ref()
+                            ),
+                        );
+                    }
+                    endpoints.push(Endpoint {
+                        source,
+                        tier: tier as u8,
+                        https: false,
+                    });
+                }
+                continue;
+            }
+            if t.addr.is_none() {
+                cx.err(e.span(), "an endpoint table needs addr (\"host:port\") or kubernetes (\"namespace/service\")");
+                continue;
+            }
+            if t.port.is_some() {
+                cx.err(
+                    e.span(),
+                    "port goes with kubernetes endpoints; write it in addr (\"host:port\")",
+                );
+                continue;
+            }
         }
         match parse_endpoint_scheme(text) {
             Ok((source, https)) => {

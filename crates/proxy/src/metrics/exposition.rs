@@ -76,7 +76,9 @@ pub fn scrape<'a>(
     format: Format,
 ) -> String {
     let mut om = metrics.encode_families();
-    super::peers::encode(&mut om, groups);
+    let groups: Vec<_> = groups.collect();
+    super::peers::encode(&mut om, groups.iter().copied());
+    super::kubernetes::encode(&mut om, &groups);
     match format {
         Format::OpenMetrics => {
             om.push_str("# EOF\n");

@@ -33,7 +33,7 @@ impl PeerStats {
 }
 
 /// A label value escaped for the text formats (both escape `\`, `"` and newline alike).
-struct Esc<'a>(&'a str);
+pub(super) struct Esc<'a>(pub(super) &'a str);
 
 impl std::fmt::Display for Esc<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -144,7 +144,7 @@ pub(super) fn encode<'a>(
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(super) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(
         out,
         "# HELP upkeep_{name} {help}\n# TYPE upkeep_{name} {kind}"

@@ -83,6 +83,8 @@ pub struct Group {
     /// What discovery last said about each name endpoint (by endpoint index); before the
     /// first lookup ends, the state carried over from the group this one replaced.
     name_states: Mutex<BTreeMap<usize, NameState>>,
+    /// What EndpointSlice discovery last said about each `kubernetes` endpoint (by index).
+    kube_states: Mutex<BTreeMap<usize, upkeep_kubernetes::ServiceState>>,
 }
 
 /// The group's pool: plain, or TLS for `https://` groups (warning loudly when verification
@@ -117,7 +119,7 @@ impl Group {
                     addrs: vec![*a],
                     never_resolved: false,
                 },
-                EndpointSource::Name { .. } => EndpointAddrs {
+                EndpointSource::Name { .. } | EndpointSource::Kubernetes { .. } => EndpointAddrs {
                     addrs: Vec::new(),
                     never_resolved: true,
                 },
@@ -143,6 +145,7 @@ impl Group {
             eject_lock: Mutex::new(()),
             down: super::down::DownState::default(),
             name_states: Mutex::new(BTreeMap::new()),
+            kube_states: Mutex::new(BTreeMap::new()),
         });
         g.rebuild();
         g
@@ -161,6 +164,8 @@ impl Group {
     ) -> Arc<Self> {
         let old_eps = prev.endpoint_addrs.lock().unwrap().clone();
         let old_states = prev.name_states.lock().unwrap().clone();
+        let old_kube = prev.kube_states.lock().unwrap().clone();
+        let mut kube_carried = BTreeMap::new();
         let same = |a: &EndpointSource| prev.cfg.endpoints.iter().position(|e| &e.source == a);
         // Names the new config no longer lists: their addresses serve the names it adds until those answer.
         let removed: Vec<usize> = (0..prev.cfg.endpoints.len())
@@ -205,6 +210,19 @@ impl Group {
                         });
                     }
                 },
+                // The same Service keeps its peers and watch state across the reload.
+                EndpointSource::Kubernetes { .. } => match same(&ep.source) {
+                    Some(j) => {
+                        endpoint_addrs.push(old_eps[j].clone());
+                        if let Some(st) = old_kube.get(&j) {
+                            kube_carried.insert(i, st.clone());
+                        }
+                    }
+                    None => endpoint_addrs.push(EndpointAddrs {
+                        addrs: Vec::new(),
+                        never_resolved: true,
+                    }),
+                },
             }
         }
         let pool = if prev.cfg.pool == cfg.pool
@@ -235,6 +253,7 @@ impl Group {
             eject_lock: Mutex::new(()),
             down: super::down::DownState::default(),
             name_states: Mutex::new(carried),
+            kube_states: Mutex::new(kube_carried),
         });
         g.rebuild();
         g
@@ -291,6 +310,44 @@ impl Group {
         self.rebuild();
     }
 
+    /// Replaces the addresses of `kubernetes` endpoint `index` (ports come from the slices)
+    /// and swaps in a new peer set.
+    pub fn set_endpoint_socket_addrs(
+        &self,
+        index: usize,
+        addrs: &[SocketAddr],
+        never_resolved: bool,
+    ) {
+        {
+            let mut eps = self.endpoint_addrs.lock().unwrap();
+            match eps.get_mut(index) {
+                Some(e) => {
+                    *e = EndpointAddrs {
+                        addrs: addrs.to_vec(),
+                        never_resolved,
+                    }
+                }
+                None => return,
+            }
+        }
+        self.rebuild();
+    }
+
+    /// Records what EndpointSlice discovery last said about endpoint `index`.
+    pub fn set_kube_state(&self, index: usize, state: upkeep_kubernetes::ServiceState) {
+        self.kube_states.lock().unwrap().insert(index, state);
+    }
+
+    /// What EndpointSlice discovery last said about each `kubernetes` endpoint.
+    pub fn kube_states(&self) -> Vec<upkeep_kubernetes::ServiceState> {
+        self.kube_states.lock().unwrap().values().cloned().collect()
+    }
+
+    /// The state EndpointSlice discovery of endpoint `index` starts from (carried over).
+    pub fn carried_kube_state(&self, index: usize) -> Option<upkeep_kubernetes::ServiceState> {
+        self.kube_states.lock().unwrap().get(&index).cloned()
+    }
+
     /// Records what discovery last said about endpoint `index` (for `/upstreams` and for
     /// the group that replaces this one on a reload).
     pub fn set_name_state(&self, index: usize, state: NameState) {
@@ -301,10 +358,18 @@ impl Group {
     /// the one it replaced.
     pub fn discovery_settled(&self) -> bool {
         let states = self.name_states.lock().unwrap();
-        self.cfg.endpoints.iter().enumerate().all(|(i, e)| {
-            !matches!(e.source, EndpointSource::Name { .. })
-                || states.get(&i).is_some_and(|s| s.last_at.is_some())
-        })
+        let kube = self.kube_states.lock().unwrap();
+        self.cfg
+            .endpoints
+            .iter()
+            .enumerate()
+            .all(|(i, e)| match e.source {
+                EndpointSource::Name { .. } => states.get(&i).is_some_and(|s| s.last_at.is_some()),
+                EndpointSource::Kubernetes { .. } => {
+                    kube.get(&i).is_some_and(|s| s.last_at.is_some())
+                }
+                EndpointSource::Static(_) => true,
+            })
     }
 
     /// The `/upstreams` view of this group.
@@ -323,11 +388,19 @@ impl Group {
             .filter(|s| s.last_at.is_some() || s.resolved_ever)
             .map(super::names::view)
             .collect();
+        let kubernetes: Vec<_> = self
+            .kube_states
+            .lock()
+            .unwrap()
+            .values()
+            .map(super::kubernetes::view)
+            .collect();
         serde_json::json!({
             "required": self.cfg.required,
             "usable": self.is_usable(),
             "unusable_reason": self.unusable_reason().map(|r| r.as_str()),
             "names": names,
+            "kubernetes": kubernetes,
             "peers": peers,
         })
     }
@@ -645,6 +718,7 @@ fn removed_addrs(
     let port_of = |j: usize| match &prev.cfg.endpoints[j].source {
         EndpointSource::Name { port, .. } => *port,
         EndpointSource::Static(a) => a.port(),
+        EndpointSource::Kubernetes { .. } => 0,
     };
     let same_port: Vec<usize> = removed
         .iter()
