@@ -10,7 +10,7 @@ use serde_json::json;
 use upkeep_kubernetes::{ApiSettings, Observer, ServiceState, StaleCheck};
 
 use super::Group;
-use crate::config::{EndpointSource, KubernetesConfig, StaleGrace};
+use crate::config::{EndpointSource, KubernetesConfig};
 use crate::metrics::{EventLabel, Metrics, ReasonLabel};
 
 struct GroupStale {
@@ -54,19 +54,6 @@ impl Observer for Counting {
     }
 }
 
-fn policy(group: &Group) -> upkeep_discovery::Policy {
-    let d = &group.config().discovery;
-    upkeep_discovery::Policy {
-        min_refresh: d.min_refresh,
-        max_refresh: d.max_refresh,
-        stale_grace: match d.stale_grace {
-            StaleGrace::WhileHealthy => upkeep_discovery::StaleGrace::WhileHealthy,
-            StaleGrace::For(t) => upkeep_discovery::StaleGrace::For(t),
-        },
-        error_backoff: d.error_backoff,
-    }
-}
-
 /// Starts EndpointSlice discovery for every `kubernetes` endpoint of `group`, each from the
 /// state the group carried over from the one it replaced, if any.
 pub fn start(group: &Arc<Group>, k8s: &KubernetesConfig, metrics: Arc<Metrics>) {
@@ -82,10 +69,10 @@ pub fn start(group: &Arc<Group>, k8s: &KubernetesConfig, metrics: Arc<Metrics>) 
         let carried = group
             .carried_kube_state(index)
             .unwrap_or_else(|| ServiceState::new(service.clone(), port.clone()));
-        let (mut rx, handle) = upkeep_kubernetes::watch_service(
+        let (rx, handle) = upkeep_kubernetes::watch_service(
             settings,
             carried,
-            policy(group),
+            super::discovery_policy(group),
             Arc::new(GroupStale {
                 group: Arc::downgrade(group),
             }),
@@ -93,31 +80,16 @@ pub fn start(group: &Arc<Group>, k8s: &KubernetesConfig, metrics: Arc<Metrics>) 
                 metrics: metrics.clone(),
             }),
         );
-        let weak = Arc::downgrade(group);
-        let follow = tokio::spawn(async move {
-            // Bookmarks and failures publish too; only a change of peers rebuilds the set.
-            let mut applied: Option<(Arc<[SocketAddr]>, bool)> = None;
-            loop {
-                let state = rx.borrow_and_update().clone();
-                match weak.upgrade() {
-                    Some(g) => {
-                        let now = (state.peers.clone(), state.synced_ever);
-                        if applied.as_ref() != Some(&now) {
-                            g.set_endpoint_socket_addrs(index, &now.0, !now.1);
-                            applied = Some(now);
-                        }
-                        g.set_kube_state(index, state);
-                    }
-                    None => return,
-                }
-                if rx.changed().await.is_err() {
-                    return;
-                }
+        // Bookmarks and failures publish too; only a change of peers rebuilds the set.
+        let mut applied: Option<(Arc<[SocketAddr]>, bool)> = None;
+        super::follow(group, handle, rx, move |g, state: ServiceState| {
+            let now = (state.peers.clone(), state.synced_ever);
+            if applied.as_ref() != Some(&now) {
+                g.set_endpoint_socket_addrs(index, &now.0, !now.1);
+                applied = Some(now);
             }
+            g.set_kube_state(index, state);
         });
-        let mut tasks = group.tasks.lock().unwrap();
-        tasks.push(handle.abort_handle());
-        tasks.push(follow.abort_handle());
     }
 }
 

@@ -5,10 +5,10 @@ use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 
 use serde_json::json;
-use upkeep_discovery::{NameState, Observer, Outcome, Policy, Resolver, StaleCheck};
+use upkeep_discovery::{NameState, Observer, Outcome, Resolver, StaleCheck};
 
 use super::Group;
-use crate::config::{EndpointSource, StaleGrace};
+use crate::config::EndpointSource;
 use crate::metrics::{Metrics, OutcomeLabel};
 
 struct GroupStale {
@@ -59,19 +59,6 @@ impl Observer for Counting {
     }
 }
 
-fn policy(group: &Group) -> Policy {
-    let d = &group.config().discovery;
-    Policy {
-        min_refresh: d.min_refresh,
-        max_refresh: d.max_refresh,
-        stale_grace: match d.stale_grace {
-            StaleGrace::WhileHealthy => upkeep_discovery::StaleGrace::WhileHealthy,
-            StaleGrace::For(t) => upkeep_discovery::StaleGrace::For(t),
-        },
-        error_backoff: d.error_backoff,
-    }
-}
-
 /// Starts discovery for every name endpoint of `group`, each from the state the group
 /// carried over from the one it replaced, if any (see `Group::carry_over`).
 pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>) {
@@ -90,29 +77,14 @@ pub fn start(group: &Arc<Group>, resolver: Arc<Resolver>, metrics: Arc<Metrics>)
         let carried = group
             .carried_name_state(index)
             .unwrap_or_else(|| NameState::new(host.clone()));
-        let (mut rx, handle) = upkeep_discovery::watch_name_from(
+        let (rx, handle) = upkeep_discovery::watch_name_from(
             resolver.clone(),
             carried,
-            policy(group),
+            super::discovery_policy(group),
             stale,
             observer,
         );
-        let weak = Arc::downgrade(group);
-        let follow = tokio::spawn(async move {
-            loop {
-                let state = rx.borrow_and_update().clone();
-                match weak.upgrade() {
-                    Some(g) => apply(&g, index, &state),
-                    None => return,
-                }
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
-        let mut tasks = group.tasks.lock().unwrap();
-        tasks.push(handle.abort_handle());
-        tasks.push(follow.abort_handle());
+        super::follow(group, handle, rx, move |g, state| apply(g, index, &state));
     }
 }
 
