@@ -11,4 +11,4 @@ mod watch;
 
 pub use slices::{endpoints, split, Endpoint, PortSel, ServiceRef, Split};
 pub use tracker::{NoObserver, Observer, ServiceState, StaleCheck};
-pub use watch::{watch_service, ApiSettings};
+pub use watch::{watch_service, ApiSettings, SERVICE_ACCOUNT_DIR};

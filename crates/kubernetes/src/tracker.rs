@@ -26,7 +26,8 @@ pub trait Observer: Send + Sync + 'static {
     /// `bookmark`, `gone` (410, a re-list follows).
     fn on_event(&self, event: &'static str);
     /// A failed request or broken watch: `unreachable`, `timeout`, `server_error`,
-    /// `client_error`, `watch_cut`, `config`.
+    /// `client_error`, `watch_cut`, `tls` (certificate not trusted, handshake failed),
+    /// `config`.
     fn on_error(&self, error: &'static str);
     /// The peers changed (one log line is written by the tracker).
     fn on_change(&self, state: &ServiceState);

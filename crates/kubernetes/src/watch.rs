@@ -27,25 +27,42 @@ use crate::tracker::{Observer, ServiceState, StaleCheck, Tracker};
 /// How the loop reaches the API server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiSettings {
-    /// A kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, then the in-cluster
-    /// service account.
+    /// A kubeconfig file; `None`: the in-cluster service account when
+    /// `KUBERNETES_SERVICE_HOST` is set, else `KUBECONFIG` or `~/.kube/config`.
     pub kubeconfig: Option<PathBuf>,
+    /// Where the in-cluster service account's `token` and `ca.crt` are mounted.
+    pub service_account_dir: PathBuf,
     /// Longest wait for a list, a watch to start, or a Service read.
     pub request_timeout: Duration,
-    /// A watch silent for this long (no event, no bookmark) is taken as broken.
-    pub watch_idle_timeout: Duration,
     /// `timeoutSeconds` asked of each watch; the server ends it then and it is resumed.
     pub watch_timeout_secs: u32,
 }
+
+/// The standard mount point of a pod's service account.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 impl Default for ApiSettings {
     fn default() -> Self {
         Self {
             kubeconfig: None,
+            service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
             request_timeout: Duration::from_secs(10),
-            watch_idle_timeout: Duration::from_secs(330),
             watch_timeout_secs: 290,
         }
+    }
+}
+
+impl ApiSettings {
+    /// A watch silent for this long (no event, no bookmark, not ended by the server at its
+    /// `timeoutSeconds`) is taken as broken: the watch timeout plus a margin for a slow
+    /// server, at least the request timeout and at most 40 s.
+    pub fn watch_idle_timeout(&self) -> Duration {
+        let watch = Duration::from_secs(self.watch_timeout_secs.into());
+        let margin = (watch / 8).clamp(
+            self.request_timeout.min(Duration::from_secs(40)),
+            Duration::from_secs(40),
+        );
+        watch + margin
     }
 }
 
@@ -135,7 +152,7 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
             };
             let mut stream = std::pin::pin!(stream);
             loop {
-                let next = guarded(&mut t, settings.watch_idle_timeout, async {
+                let next = guarded(&mut t, settings.watch_idle_timeout(), async {
                     Ok::<_, kube::Error>(stream.next().await)
                 })
                 .await;
@@ -229,25 +246,78 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
     }
 }
 
-/// Builds the client from the kubeconfig, or from the environment as `kubectl` would.
+/// Builds the client from the kubeconfig; without one, from the pod's service account
+/// (in a cluster), else from `KUBECONFIG` or `~/.kube/config` as `kubectl` would.
 async fn connect(settings: &ApiSettings) -> Result<Client, String> {
+    let opts = kube::config::KubeConfigOptions::default();
     let config = match &settings.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            kube::Config::from_custom_kubeconfig(kc, &opts)
                 .await
                 .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| format!("no Kubernetes config (KUBECONFIG, ~/.kube/config or in-cluster service account): {e}"))?,
+        None => match in_cluster(&settings.service_account_dir)? {
+            Some(kc) => kube::Config::from_custom_kubeconfig(kc, &opts)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "in-cluster service account {}: {e}",
+                        settings.service_account_dir.display()
+                    )
+                })?,
+            None => kube::Config::from_kubeconfig(&opts).await.map_err(|e| {
+                format!("no Kubernetes config (not in a cluster: KUBERNETES_SERVICE_HOST is unset; KUBECONFIG or ~/.kube/config): {e}")
+            })?,
+        },
     };
     let mut config = config;
     // kube-rs would retry 429/503/504 inside one request, past request_timeout; the loop's
     // own backoff (error_backoff) retries instead, and counts each failure.
     config.default_retry = false;
+    // A watch answers nothing between events for up to timeoutSeconds; any read that
+    // waits longer than the watch's own idle limit is a dead connection.
+    config.read_timeout = Some(settings.watch_idle_timeout());
     Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))
+}
+
+/// The in-cluster config as a kubeconfig (so the token file is re-read as it is rotated):
+/// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, with `token` and `ca.crt`
+/// from `dir`. `None` outside a cluster (no `KUBERNETES_SERVICE_HOST`).
+fn in_cluster(dir: &std::path::Path) -> Result<Option<kube::config::Kubeconfig>, String> {
+    let Some(host) = std::env::var("KUBERNETES_SERVICE_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+    else {
+        return Ok(None);
+    };
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let (token, ca) = (dir.join("token"), dir.join("ca.crt"));
+    for f in [&token, &ca] {
+        if let Err(e) = std::fs::metadata(f) {
+            return Err(format!("in-cluster service account: {}: {e}", f.display()));
+        }
+    }
+    let kc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "in-cluster", "cluster": {
+            "server": format!("https://{host}:{port}"),
+            "certificate-authority": ca.to_string_lossy(),
+        }}],
+        "users": [{"name": "service-account", "user": {"tokenFile": token.to_string_lossy()}}],
+        "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "service-account"}}],
+        "current-context": "in-cluster",
+    });
+    kube::config::Kubeconfig::from_yaml(&kc.to_string())
+        .map(Some)
+        .map_err(|e| format!("in-cluster service account {}: {e}", dir.display()))
 }
 
 /// Applies the current slices; when they have no usable endpoint, asks whether the Service
@@ -325,12 +395,31 @@ fn status_class(code: u16) -> &'static str {
 
 /// The error class of a failed request: API status, or what the connection did.
 fn classify(e: &kube::Error) -> Failure {
-    let msg = e.to_string();
+    // The whole chain: kube's own text ("client error (Connect)") hides a TLS or DNS cause.
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let more = s.to_string();
+        if !msg.contains(&more) {
+            msg = format!("{msg}: {more}");
+        }
+        src = s.source();
+    }
     if let kube::Error::Api(s) = e {
         return (status_class(s.code), msg);
     }
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = src {
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            return ("tls", msg);
+        }
+        let tls_in_io = s
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|i| i.is::<rustls::Error>());
+        if tls_in_io {
+            return ("tls", msg);
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind::*;
             match io.kind() {
@@ -344,7 +433,21 @@ fn classify(e: &kube::Error) -> Failure {
         }
         src = s.source();
     }
-    let lower = format!("{e:?}").to_ascii_lowercase();
+    let debug = format!("{e:?}");
+    // The TLS error can sit behind connector layers that box it away from the source
+    // chain; rustls's own variant names still say what failed.
+    if [
+        "InvalidCertificate",
+        "AlertReceived",
+        "PeerIncompatible",
+        "InvalidCertificateData",
+    ]
+    .iter()
+    .any(|v| debug.contains(v))
+    {
+        return ("tls", msg);
+    }
+    let lower = debug.to_ascii_lowercase();
     if lower.contains("connect") {
         ("unreachable", msg)
     } else if matches!(e, kube::Error::ReadEvents(_) | kube::Error::HyperError(_)) {

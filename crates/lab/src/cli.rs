@@ -57,6 +57,15 @@ struct KubeArgs {
     /// Address the API server listens on (plain HTTP: a kubeconfig `server: http://ADDR`).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Answer 401 to API requests without `Authorization: Bearer TOKEN`.
+    #[arg(long)]
+    token: Option<String>,
     /// HTTP control address: /endpoints, /terminate, /empty, /delete, /fault, /cut, /gone.
     #[arg(long)]
     control: Option<SocketAddr>,
@@ -287,7 +296,16 @@ async fn dns(a: DnsArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn kube(a: KubeArgs) -> anyhow::Result<ExitCode> {
-    let (kube, control) = crate::kube::start(a.listen, a.control, a.bookmark_every).await?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(crate::kube::Security::tls_from_pem(c, k)?),
+        _ => None,
+    };
+    let security = crate::kube::Security {
+        tls,
+        token: a.token.clone(),
+    };
+    let (kube, control) =
+        crate::kube::start(a.listen, a.control, a.bookmark_every, security).await?;
     for spec in &a.service {
         let parsed = spec.split_once('=').and_then(|(svc, addrs)| {
             let (ns, name) = svc.split_once('/')?;
@@ -303,7 +321,7 @@ async fn kube(a: KubeArgs) -> anyhow::Result<ExitCode> {
         };
         kube.update(|s| s.set_endpoints(ns, name, "http", eps));
     }
-    eprintln!("fake Kubernetes API server on http://{}", kube.local_addr());
+    eprintln!("fake Kubernetes API server on {}", kube.url());
     if let Some(c) = control {
         eprintln!("control on http://{c}/ (/endpoints, /terminate, /empty, /delete, /fault, /cut, /gone, /requests)");
     }

@@ -2,7 +2,9 @@
 //! list and watch on the wire (EndpointSlice JSON as the API server sends it, watch events as
 //! JSON lines, bookmarks, 410 Gone as an ERROR event), with faults switched over the lab's
 //! control endpoint: unreachable, 5xx, slow, watch cut, history compacted (410), slices
-//! emptied, endpoints terminating, Service deleted.
+//! emptied, endpoints terminating, Service deleted. With a certificate it serves HTTPS, and
+//! with a token it answers 401 to requests without `Authorization: Bearer TOKEN`, as an API
+//! server does for a service account.
 
 pub mod store;
 
@@ -52,6 +54,51 @@ struct Inner {
     bookmark_every: Duration,
     requests: Mutex<Vec<String>>,
     accept: Mutex<Option<JoinHandle<()>>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    token: Option<String>,
+}
+
+/// How the fake API server authenticates itself and its clients.
+#[derive(Clone, Default)]
+pub struct Security {
+    /// Serve HTTPS with this certificate (and key).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Require `Authorization: Bearer TOKEN` on every API request (401 otherwise).
+    pub token: Option<String>,
+}
+
+impl Security {
+    /// HTTPS from a PEM certificate chain and a PEM private key.
+    pub fn tls_from_pem(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> std::io::Result<Arc<rustls::ServerConfig>> {
+        let bad = |what: &str, p: &std::path::Path, e: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{what} {}: {e}", p.display()),
+            )
+        };
+        let certs: Vec<_> =
+            rustls_pemfile::certs(&mut std::io::BufReader::new(std::fs::File::open(cert)?))
+                .collect::<Result<_, _>>()
+                .map_err(|e| bad("certificate", cert, e.to_string()))?;
+        if certs.is_empty() {
+            return Err(bad("certificate", cert, "no CERTIFICATE block".into()));
+        }
+        let key_der =
+            rustls_pemfile::private_key(&mut std::io::BufReader::new(std::fs::File::open(key)?))
+                .map_err(|e| bad("key", key, e.to_string()))?
+                .ok_or_else(|| bad("key", key, "no PRIVATE KEY block".into()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("certificate", cert, e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key_der)
+            .map_err(|e| bad("certificate", cert, e.to_string()))?;
+        Ok(Arc::new(cfg))
+    }
 }
 
 /// A running fake API server.
@@ -63,6 +110,15 @@ pub struct FakeKube {
 impl FakeKube {
     /// Binds `addr` and serves; watches that ask for bookmarks get one every `bookmark_every`.
     pub async fn start(addr: SocketAddr, bookmark_every: Duration) -> std::io::Result<Self> {
+        Self::start_secured(addr, bookmark_every, Security::default()).await
+    }
+
+    /// As [`FakeKube::start`], over HTTPS and/or with a bearer token when `security` says so.
+    pub async fn start_secured(
+        addr: SocketAddr,
+        bookmark_every: Duration,
+        security: Security,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let inner = Arc::new(Inner {
             addr: listener.local_addr()?,
@@ -73,10 +129,22 @@ impl FakeKube {
             bookmark_every,
             requests: Mutex::new(Vec::new()),
             accept: Mutex::new(None),
+            tls: security.tls.map(tokio_rustls::TlsAcceptor::from),
+            token: security.token,
         });
         let kube = Self { inner };
         kube.serve(listener);
         Ok(kube)
+    }
+
+    /// The API server's URL: `http://ADDR`, or `https://ADDR` with a certificate.
+    pub fn url(&self) -> String {
+        let scheme = if self.inner.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.inner.addr)
     }
 
     /// The API server's address (`http://ADDR` as a kubeconfig server).
@@ -133,14 +201,27 @@ impl FakeKube {
                 let inner = inner.clone();
                 let mut cut = inner.cut.subscribe();
                 tokio::spawn(async move {
+                    let tls = inner.tls.clone();
                     let svc = hyper::service::service_fn(move |req| {
                         let inner = inner.clone();
                         async move { Ok::<_, Infallible>(api(&inner, req).await) }
                     });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc);
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let served = async {
+                        match tls {
+                            // A handshake the client refuses (unknown CA) just ends here.
+                            Some(acceptor) => {
+                                if let Ok(s) = acceptor.accept(stream).await {
+                                    let _ = http.serve_connection(TokioIo::new(s), svc).await;
+                                }
+                            }
+                            None => {
+                                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = conn => {}
+                        _ = served => {}
                         _ = cut.changed() => {}
                     }
                 });
@@ -254,8 +335,9 @@ pub async fn start(
     listen: SocketAddr,
     control_addr: Option<SocketAddr>,
     bookmark_every: Duration,
+    security: Security,
 ) -> std::io::Result<(FakeKube, Option<SocketAddr>)> {
-    let kube = FakeKube::start(listen, bookmark_every).await?;
+    let kube = FakeKube::start_secured(listen, bookmark_every, security).await?;
     let control = match control_addr {
         None => None,
         Some(a) => Some(control::serve(a, kube.control_handler()).await?),
@@ -317,7 +399,17 @@ async fn api(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     if let Fault::Slow(d) = fault {
         tokio::time::sleep(d).await;
     }
-    let resp = if fault == Fault::Error {
+    let authorized = inner.token.as_ref().is_none_or(|t| {
+        req.headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            == Some(t.as_str())
+    });
+    let resp = if !authorized {
+        let s = status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        full(StatusCode::UNAUTHORIZED, s.to_string())
+    } else if fault == Fault::Error {
         let s = status(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",

@@ -46,10 +46,16 @@ struct Lab {
 
 impl Lab {
     fn start(ready: &[SocketAddr]) -> Lab {
+        Self::start_with(ready, &[])
+    }
+
+    /// With extra `upkeep lab kube` arguments (`--tls-cert`, `--tls-key`, `--token`).
+    fn start_with(ready: &[SocketAddr], extra: &[&std::ffi::OsStr]) -> Lab {
         let list: Vec<String> = ready.iter().map(|a| a.to_string()).collect();
         let mut child = Command::new(BIN)
             .args(["lab", "kube", "--listen", "127.0.0.1:0"])
             .args(["--control", "127.0.0.1:0", "--bookmark-every", "300ms"])
+            .args(extra)
             .arg("--service")
             .arg(format!("apps/app={}", list.join(",")))
             .stdout(Stdio::null())
@@ -67,7 +73,7 @@ impl Lab {
         let proc = Proc(child);
         let (mut api, mut control) = (None, None);
         let addr_in = |l: &str| -> Option<SocketAddr> {
-            let rest = l.split("http://").nth(1)?;
+            let rest = l.split("://").nth(1)?;
             rest.split(['/', ' ']).next()?.parse().ok()
         };
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -117,9 +123,11 @@ impl Lab {
 }
 
 struct Upkeep {
-    _proc: Proc,
+    proc: Proc,
     listen: SocketAddr,
     admin: SocketAddr,
+    /// The config file, rewritten by tests that reload.
+    file: PathBuf,
 }
 
 /// Starts `upkeep serve` against `lab`, with `extra` appended to group `app`'s discovery
@@ -127,15 +135,19 @@ struct Upkeep {
 async fn upkeep(name: &str, lab: &Lab, discovery: &str) -> Upkeep {
     let dir = temp_dir(name);
     let kubeconfig = lab.kubeconfig(&dir);
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let config = format!(
+    let section = format!("kubeconfig = \"{}\"", kubeconfig.display());
+    upkeep_with(&dir, &section, &[], discovery).await
+}
+
+/// upkeep's config with `kube` as the `[kubernetes]` table (after `request_timeout`).
+fn config_text(listen: SocketAddr, admin: SocketAddr, kube: &str, discovery: &str) -> String {
+    format!(
         r#"access_log = "off"
 [admin]
 listen = "{admin}"
 [kubernetes]
-kubeconfig = "{}"
 request_timeout = "500ms"
+{kube}
 [[listener]]
 listen = "{listen}"
 [[route]]
@@ -148,15 +160,26 @@ consecutive_failures = 3
 error_backoff = "100ms"
 max_refresh = "1s"
 {discovery}
-"#,
-        kubeconfig.display()
-    );
+"#
+    )
+}
+
+/// Starts `upkeep serve` in `dir` with `kube` as its `[kubernetes]` table and `env` set (none
+/// of the caller's Kubernetes environment leaks in), and waits until it is ready.
+async fn upkeep_with(dir: &Path, kube: &str, env: &[(&str, String)], discovery: &str) -> Upkeep {
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let file = dir.join("upkeep.toml");
-    write(&file, &config);
+    write(&file, &config_text(listen, admin, kube, discovery));
     let child = Proc(
         Command::new(BIN)
             .args(["serve", "--config"])
             .arg(&file)
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env("HOME", dir)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stderr(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -168,9 +191,10 @@ max_refresh = "1s"
             && get(admin, "admin", "/readyz").await.status == 200
         {
             return Upkeep {
-                _proc: child,
+                proc: child,
                 listen,
                 admin,
+                file,
             };
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -179,6 +203,19 @@ max_refresh = "1s"
 }
 
 impl Upkeep {
+    /// Rewrites the config's `[kubernetes]` table and reloads (SIGHUP to this process).
+    async fn reload_kubernetes(&self, kube: &str, discovery: &str) {
+        write(
+            &self.file,
+            &config_text(self.listen, self.admin, kube, discovery),
+        );
+        let st = Command::new("kill")
+            .args(["-HUP", &self.proc.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
     /// The group's `kubernetes` entry of `/upstreams`.
     async fn kube(&self) -> Value {
         let r = get(self.admin, "admin", "/upstreams").await;
@@ -515,4 +552,283 @@ async fn terminating_endpoints_drain_no_new_requests_and_in_flight_ones_finish()
         let r = s.await.unwrap();
         assert_eq!(r.status, 200, "in-flight request cut: {}", r.text());
     }
+}
+
+const TOKEN: &str = "lab-service-account-token";
+
+/// A self-signed CA (`CN=name`) as a PEM string and its issuer.
+fn ca(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap()
+}
+
+/// `upkeep lab kube` over HTTPS with a certificate for 127.0.0.1 from a fresh CA, requiring
+/// [`TOKEN`]; returns the lab and the CA's PEM.
+fn https_lab(ready: &[SocketAddr], dir: &Path) -> (Lab, String) {
+    let issuer = ca("upkeep lab kube CA");
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "127.0.0.1");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (cert_file, key_file) = (dir.join("server.pem"), dir.join("server.key"));
+    write(&cert_file, &cert.pem());
+    write(&key_file, &key.serialize_pem());
+    let lab = Lab::start_with(
+        ready,
+        &[
+            "--tls-cert".as_ref(),
+            cert_file.as_os_str(),
+            "--tls-key".as_ref(),
+            key_file.as_os_str(),
+            "--token".as_ref(),
+            TOKEN.as_ref(),
+        ],
+    );
+    (lab, issuer.pem())
+}
+
+/// A service-account directory as kubelet mounts it: `token` and `ca.crt`.
+fn service_account(dir: &Path, name: &str, ca_pem: &str, token: &str) -> PathBuf {
+    let sa = dir.join(name);
+    std::fs::create_dir_all(&sa).unwrap();
+    write(&sa.join("token"), token);
+    write(&sa.join("ca.crt"), ca_pem);
+    sa
+}
+
+/// The environment kubelet gives a pod for the API server `lab`.
+fn in_cluster_env(lab: &Lab) -> Vec<(&'static str, String)> {
+    vec![
+        ("KUBERNETES_SERVICE_HOST", lab.api.ip().to_string()),
+        ("KUBERNETES_SERVICE_PORT", lab.api.port().to_string()),
+    ]
+}
+
+fn sa_section(sa: &Path) -> String {
+    format!("service_account_dir = \"{}\"", sa.display())
+}
+
+fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let n = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The value of an unlabelled counter in `/metrics` text.
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_service_account_reaches_an_https_api_server_with_its_token_and_ca() {
+    let b = backends(2).await;
+    let dir = temp_dir("incluster");
+    let (lab, ca_pem) = https_lab(&addrs(&b), &dir);
+    let sa = service_account(&dir, "sa", &ca_pem, TOKEN);
+    let up = upkeep_with(&dir, &sa_section(&sa), &in_cluster_env(&lab), "").await;
+    up.wait_peers(&addrs(&b)).await;
+    let reqs = lab.requests().await;
+    assert!(list_requests(&reqs) >= 1, "{reqs:?}");
+    assert!(reqs.iter().all(|r| !r.ends_with(" 401")), "{reqs:?}");
+    // The watch runs over TLS too: a change reaches the peers.
+    lab.ctl(&format!(
+        "/endpoints?service=apps/app&ready={}",
+        b[0].addr()
+    ))
+    .await;
+    up.wait_peers(&[b[0].addr()]).await;
+    // A token the API server refuses (401): a clear error, the peers unchanged.
+    let load = up.load(100, Duration::from_secs(2));
+    let bad = service_account(&dir, "sa-bad-token", &ca_pem, "not-the-token");
+    up.reload_kubernetes(&sa_section(&bad), "").await;
+    let k = up.wait_outcome("client_error").await;
+    assert!(
+        k["last_error"].as_str().unwrap().contains("Unauthorized"),
+        "{k}"
+    );
+    assert_eq!(up.peers().await, vec![b[0].addr().to_string()]);
+    let run = load.await.unwrap();
+    assert!(run.errors().is_empty(), "{}", run.summary());
+    assert!(lab.requests().await.iter().any(|r| r.ends_with(" 401")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubeconfig_with_ca_data_and_a_token_reaches_the_https_api_server() {
+    let b = backends(2).await;
+    let dir = temp_dir("kc-https");
+    let (lab, ca_pem) = https_lab(&addrs(&b), &dir);
+    let kc = dir.join("kubeconfig.yaml");
+    write(
+        &kc,
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: https://{}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\ncurrent-context: lab\nusers:\n- name: lab\n  user:\n    token: {TOKEN}\n",
+            lab.api,
+            base64(ca_pem.as_bytes())
+        ),
+    );
+    // In-cluster variables are present but the kubeconfig key wins.
+    let env = vec![
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_owned()),
+        ("KUBERNETES_SERVICE_PORT", "1".to_owned()),
+    ];
+    let section = format!("kubeconfig = \"{}\"", kc.display());
+    let up = upkeep_with(&dir, &section, &env, "").await;
+    up.wait_peers(&addrs(&b)).await;
+    assert_eq!(up.kube().await["last_outcome"], "synced");
+    let reqs = lab.requests().await;
+    assert!(reqs.iter().all(|r| !r.ends_with(" 401")), "{reqs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_api_server_certificate_is_a_clear_error_and_keeps_the_peers() {
+    let b = backends(2).await;
+    let dir = temp_dir("wrong-ca");
+    let (lab, ca_pem) = https_lab(&addrs(&b), &dir);
+    let sa = service_account(&dir, "sa", &ca_pem, TOKEN);
+    let env = in_cluster_env(&lab);
+    let up = upkeep_with(&dir, &sa_section(&sa), &env, "").await;
+    up.wait_peers(&addrs(&b)).await;
+    let load = up.load(100, Duration::from_secs(2));
+    let other = ca("some other CA").pem();
+    let wrong = service_account(&dir, "sa-wrong-ca", &other, TOKEN);
+    up.reload_kubernetes(&sa_section(&wrong), "").await;
+    let k = up.wait_outcome("tls").await;
+    let err = k["last_error"].as_str().unwrap();
+    assert!(err.contains("certificate"), "{k}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let want: Vec<String> = addrs(&b).iter().map(|a| a.to_string()).collect();
+    assert_eq!(up.peers().await, want, "last known good peers kept");
+    let run = load.await.unwrap();
+    assert!(run.errors().is_empty(), "{}", run.summary());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_healthy_keeps_emptied_slices_peers_until_they_fail_health() {
+    let b = backends(2).await;
+    let lab = Lab::start(&addrs(&b));
+    // Active checks judge health here: passive ejection never takes the last peers (the
+    // panic threshold), so only a check can find both down.
+    let discovery = "stale_grace = \"while_healthy\"\nmin_refresh = \"200ms\"\n[groups.app.health.active]\npath = \"/\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nfall = 1";
+    let up = upkeep("while-healthy", &lab, discovery).await;
+    up.wait_peers(&addrs(&b)).await;
+    let load = up.load(100, Duration::from_secs(2));
+    lab.ctl("/empty?service=apps/app").await;
+    let start = Instant::now();
+    while !up.kube().await["stale_since"].is_string() {
+        assert!(start.elapsed() < Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Far past any fixed grace of this test: kept while they pass health.
+    let run = load.await.unwrap();
+    assert!(run.errors().is_empty(), "{}", run.summary());
+    assert_eq!(up.peers().await.len(), 2, "{}", up.kube().await);
+    // Both stop answering: their checks fail, then the kept set goes.
+    for x in &b {
+        x.refuse();
+    }
+    let start = Instant::now();
+    loop {
+        if up.peers().await.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{}",
+            up.kube().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let k = up.kube().await;
+    assert_eq!(k["dropped_reason"], "empty_peers_unhealthy", "{k}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_service_empties_the_group_at_once_without_stale_grace() {
+    let b = backends(2).await;
+    let lab = Lab::start(&addrs(&b));
+    let up = upkeep("deleted", &lab, "stale_grace = \"30s\"").await;
+    up.wait_peers(&addrs(&b)).await;
+    let deleted = Instant::now();
+    lab.ctl("/delete?service=apps/app").await;
+    up.wait_peers(&[]).await;
+    assert!(deleted.elapsed() < Duration::from_secs(5));
+    let k = up.kube().await;
+    assert_eq!(k["dropped_reason"], "service_deleted", "{k}");
+    let reqs = lab.requests().await;
+    assert!(
+        reqs.iter().any(
+            |r| r.starts_with("GET /api/v1/namespaces/apps/services/app") && r.ends_with(" 404")
+        ),
+        "{reqs:?}"
+    );
+    let r = get(up.listen, "app", "/").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.header("upkeep-error"),
+        Some("no_peers; reason=empty_group")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_watch_timeout_re_establishes_the_watch_with_no_peer_change_or_error() {
+    let b = backends(2).await;
+    let lab = Lab::start(&addrs(&b));
+    let dir = temp_dir("watch-timeout");
+    let kc = lab.kubeconfig(&dir);
+    let section = format!("kubeconfig = \"{}\"\nwatch_timeout = \"1s\"", kc.display());
+    let up = upkeep_with(&dir, &section, &[], "").await;
+    up.wait_peers(&addrs(&b)).await;
+    let before = get(up.admin, "admin", "/metrics").await.text();
+    let run = up.load(100, Duration::from_millis(3500)).await.unwrap();
+    assert!(run.errors().is_empty(), "{}", run.summary());
+    let reqs = lab.requests().await;
+    let watches: Vec<&String> = reqs
+        .iter()
+        .filter(|r| {
+            let params: Vec<&str> = r.split(['?', '&', ' ']).collect();
+            params.contains(&"watch=true") && params.contains(&"timeoutSeconds=1")
+        })
+        .collect();
+    assert!(watches.len() >= 3, "watches: {reqs:?}");
+    assert_eq!(
+        list_requests(&reqs),
+        1,
+        "resumed, never re-listed: {reqs:?}"
+    );
+    let after = get(up.admin, "admin", "/metrics").await.text();
+    let changes = "upkeep_kubernetes_peer_set_changes_total";
+    assert_eq!(counter(&before, changes), counter(&after, changes));
+    assert!(
+        !after.contains("upkeep_kubernetes_errors_total{"),
+        "{after}"
+    );
+    assert_eq!(up.kube().await["last_outcome"], "synced");
+    assert_eq!(up.peers().await.len(), 2);
 }

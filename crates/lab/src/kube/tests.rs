@@ -17,6 +17,7 @@ async fn started() -> (FakeKube, SocketAddr) {
         "127.0.0.1:0".parse().unwrap(),
         Some("127.0.0.1:0".parse().unwrap()),
         Duration::from_millis(200),
+        Security::default(),
     )
     .await
     .unwrap();

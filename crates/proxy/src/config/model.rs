@@ -61,14 +61,20 @@ pub struct Config {
 /// `[kubernetes]`: the API server EndpointSlice discovery watches.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KubernetesConfig {
-    /// A kubeconfig file; unset: `KUBECONFIG`, `~/.kube/config`, then the in-cluster
-    /// service account.
+    /// A kubeconfig file; unset: the in-cluster service account when
+    /// `KUBERNETES_SERVICE_HOST` is set, else `KUBECONFIG` or `~/.kube/config`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
     /// Longest wait for one list, watch start or Service read; a slower API server counts as
     /// failed (peers unchanged) and is retried with backoff.
     #[serde(with = "secs")]
     pub request_timeout: Duration,
+    /// Where the in-cluster service account's `token` and `ca.crt` are read from.
+    pub service_account_dir: PathBuf,
+    /// How long the API server keeps one watch open (`timeoutSeconds`, whole seconds); the
+    /// client's read timeout is derived above it.
+    #[serde(with = "secs")]
+    pub watch_timeout: Duration,
 }
 
 impl Default for KubernetesConfig {
@@ -76,6 +82,8 @@ impl Default for KubernetesConfig {
         Self {
             kubeconfig: None,
             request_timeout: Duration::from_secs(10),
+            service_account_dir: PathBuf::from(upkeep_kubernetes::SERVICE_ACCOUNT_DIR),
+            watch_timeout: Duration::from_secs(290),
         }
     }
 }

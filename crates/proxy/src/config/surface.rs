@@ -56,6 +56,8 @@ pub(crate) struct File {
 pub(crate) struct Kubernetes {
     pub kubeconfig: Option<S<String>>,
     pub request_timeout: Option<S<Dur>>,
+    pub service_account_dir: Option<S<String>>,
+    pub watch_timeout: Option<S<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -19,7 +19,7 @@ pub(super) fn register(r: &mut Registry, m: &Metrics) {
     );
     r.register(
         "kubernetes_errors",
-        "Failed Kubernetes API requests and broken watches (unreachable, timeout, server_error, client_error, watch_cut, config); peers unchanged",
+        "Failed Kubernetes API requests and broken watches (unreachable, timeout, server_error, client_error, watch_cut, tls, config); peers unchanged",
         m.kube_errors.clone(),
     );
     r.register(

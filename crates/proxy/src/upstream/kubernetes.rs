@@ -63,8 +63,9 @@ pub fn start(group: &Arc<Group>, k8s: &KubernetesConfig, metrics: Arc<Metrics>) 
         };
         let settings = ApiSettings {
             kubeconfig: k8s.kubeconfig.clone(),
+            service_account_dir: k8s.service_account_dir.clone(),
             request_timeout: k8s.request_timeout,
-            ..ApiSettings::default()
+            watch_timeout_secs: u32::try_from(k8s.watch_timeout.as_secs()).unwrap_or(u32::MAX),
         };
         let carried = group
             .carried_kube_state(index)

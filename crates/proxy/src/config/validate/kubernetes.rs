@@ -72,6 +72,22 @@ pub(super) fn section(cx: &mut Ctx<'_>, k: Option<&surface::Kubernetes>) -> Kube
         m.kubeconfig = Some(cx.loc.base_dir().join(p.get_ref()));
     }
     m.request_timeout = cx.positive(&k.request_timeout, m.request_timeout, "request_timeout");
+    if let Some(p) = &k.service_account_dir {
+        m.service_account_dir = cx.loc.base_dir().join(p.get_ref());
+    }
+    let default_watch = m.watch_timeout;
+    m.watch_timeout = cx.positive(&k.watch_timeout, default_watch, "watch_timeout");
+    if let Some(v) = &k.watch_timeout {
+        // timeoutSeconds is whole seconds; an hour is past any API server's own limit.
+        let d = m.watch_timeout;
+        if d.subsec_nanos() != 0 || d > std::time::Duration::from_secs(3600) {
+            cx.err(
+                v.span(),
+                "watch_timeout must be whole seconds between \"1s\" and \"1h\", e.g. \"290s\"",
+            );
+            m.watch_timeout = default_watch;
+        }
+    }
     m
 }
 
@@ -130,6 +146,33 @@ mod tests {
         let printed = crate::config::to_toml(&cfg).unwrap();
         let again = parse(Path::new("/etc/upkeep/t.toml"), &printed).unwrap();
         assert_eq!(again.groups["app"].endpoints, cfg.groups["app"].endpoints);
+    }
+
+    #[test]
+    fn watch_timeout_and_service_account_dir_are_read_and_bad_watch_timeouts_located() {
+        let text = format!(
+            "{HEAD}endpoints = [{{ kubernetes = \"apps/web\" }}]\n[kubernetes]\nwatch_timeout = \"45s\"\nservice_account_dir = \"sa\"\n"
+        );
+        let cfg = parse(Path::new("/etc/upkeep/t.toml"), &text).unwrap();
+        assert_eq!(
+            cfg.kubernetes.watch_timeout,
+            std::time::Duration::from_secs(45)
+        );
+        assert_eq!(
+            cfg.kubernetes.service_account_dir,
+            Path::new("/etc/upkeep/sa")
+        );
+        let printed = crate::config::to_toml(&cfg).unwrap();
+        let again = parse(Path::new("/etc/upkeep/t.toml"), &printed).unwrap();
+        assert_eq!(again.kubernetes, cfg.kubernetes);
+        for bad in ["0s", "1500ms", "2h", "soon"] {
+            let text = format!(
+                "{HEAD}endpoints = [{{ kubernetes = \"apps/web\" }}]\n[kubernetes]\nwatch_timeout = \"{bad}\"\n"
+            );
+            let err = parse(Path::new("t.toml"), &text).unwrap_err();
+            let at: Vec<(usize, usize)> = err.problems.iter().map(|p| (p.line, p.column)).collect();
+            assert_eq!(at, vec![(8, 17)], "{bad}: {:?}", err.problems);
+        }
     }
 
     #[test]
