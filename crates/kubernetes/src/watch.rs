@@ -80,6 +80,11 @@ pub fn watch_service(
     (rx, task)
 }
 
+/// How long the watch must be quiet before the slices it changed are applied together.
+const SETTLE: Duration = Duration::from_millis(100);
+/// The longest a change waits for a quiet stream.
+const SETTLE_MAX: Duration = Duration::from_secs(1);
+
 /// Why one step failed: the error class (a metric label) and its message.
 type Failure = (&'static str, String);
 
@@ -105,7 +110,12 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
         .labels(&selector)
         .timeout(settings.watch_timeout_secs);
     let limit = settings.request_timeout;
+    // The controller writes a Service's slices one by one (a rolling update empties one and
+    // fills another); applying each alone would expose the partial union in between. Events
+    // are applied once the stream has been quiet for SETTLE (at most SETTLE_MAX after the first).
+    let mut pending: Option<(Instant, Instant)>;
     loop {
+        pending = None;
         // List: the complete set, applied in one swap.
         let listed = match guarded(&mut t, limit, slices.list(&lp)).await {
             Ok(l) => l,
@@ -134,6 +144,22 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
         )
         .await;
         backoff = None;
+        macro_rules! flush {
+            () => {
+                if pending.take().is_some() {
+                    apply(
+                        &mut t,
+                        &services,
+                        &svc,
+                        &port,
+                        &known,
+                        Some(rv.clone()),
+                        limit,
+                    )
+                    .await;
+                }
+            };
+        }
         // Watch from the list's resourceVersion, resuming from the last one seen.
         'watch: loop {
             let started = Instant::now();
@@ -152,19 +178,31 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
             };
             let mut stream = std::pin::pin!(stream);
             loop {
-                let next = guarded(&mut t, settings.watch_idle_timeout(), async {
+                let settle_at =
+                    pending.map(|(first, last)| (last + SETTLE).min(first + SETTLE_MAX));
+                let wait = match settle_at {
+                    Some(at) => at.saturating_duration_since(Instant::now()),
+                    None => settings.watch_idle_timeout(),
+                };
+                let next = guarded(&mut t, wait, async {
                     Ok::<_, kube::Error>(stream.next().await)
                 })
                 .await;
+                if settle_at.is_some_and(|at| Instant::now() >= at) && next.is_err() {
+                    flush!();
+                    continue;
+                }
                 let ev = match next {
                     Ok(Some(Ok(ev))) => ev,
                     Ok(Some(Err(e))) => {
+                        flush!();
                         t.failed("watch_cut", e.to_string());
                         backoff = Some(t.backoff(backoff));
                         pause(&mut t, backoff.unwrap()).await;
                         continue 'watch;
                     }
                     Ok(None) => {
+                        flush!();
                         // The server ended the watch (its timeoutSeconds): resume at once,
                         // unless it keeps ending them at once.
                         if started.elapsed() < Duration::from_secs(1) {
@@ -174,6 +212,7 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
                         continue 'watch;
                     }
                     Err((class, msg)) => {
+                        flush!();
                         let class = if class == "timeout" {
                             "watch_cut"
                         } else {
@@ -193,31 +232,15 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
                             .on_event(if added { "added" } else { "modified" });
                         rv = s.metadata.resource_version.clone().unwrap_or(rv);
                         known.insert(s.metadata.name.clone().unwrap_or_default(), s);
-                        apply(
-                            &mut t,
-                            &services,
-                            &svc,
-                            &port,
-                            &known,
-                            Some(rv.clone()),
-                            limit,
-                        )
-                        .await;
+                        let now = Instant::now();
+                        pending = Some((pending.map_or(now, |p| p.0), now));
                     }
                     WatchEvent::Deleted(s) => {
                         t.observer.on_event("deleted");
                         rv = s.metadata.resource_version.clone().unwrap_or(rv);
                         known.remove(s.metadata.name.as_deref().unwrap_or(""));
-                        apply(
-                            &mut t,
-                            &services,
-                            &svc,
-                            &port,
-                            &known,
-                            Some(rv.clone()),
-                            limit,
-                        )
-                        .await;
+                        let now = Instant::now();
+                        pending = Some((pending.map_or(now, |p| p.0), now));
                     }
                     WatchEvent::Bookmark(b) => {
                         t.observer.on_event("bookmark");
@@ -232,6 +255,7 @@ async fn run(settings: ApiSettings, mut t: Tracker) {
                         break 'watch;
                     }
                     WatchEvent::Error(status) => {
+                        flush!();
                         t.failed(
                             status_class(status.code),
                             format!("watch error {}: {}", status.code, status.message),

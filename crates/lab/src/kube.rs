@@ -230,7 +230,7 @@ impl FakeKube {
         *self.inner.accept.lock().unwrap() = Some(task);
     }
 
-    /// The control endpoint's handler: `/endpoints`, `/terminate`, `/empty`, `/delete`,
+    /// The control endpoint's handler: `/endpoints` (optionally one `slice`), `/move`, `/terminate`, `/empty`, `/delete`,
     /// `/fault`, `/cut`, `/gone`, `/requests`, `/state`.
     pub fn control_handler(&self) -> Handler {
         let kube = self.clone();
@@ -264,9 +264,22 @@ impl FakeKube {
                     .map(|e| Endpoint { zone: zone.clone(), ..e })
                     .collect();
                 let port = q.get("port_name").map_or("http", String::as_str);
-                self.update(|s| s.set_endpoints(ns, name, port, eps));
+                match q.get("slice") {
+                    // One slice group only: the others keep their endpoints.
+                    Some(g) => self.update(|s| s.set_slice(ns, name, port, g, eps)),
+                    None => self.update(|s| s.set_endpoints(ns, name, port, eps)),
+                }
                 (200, format!("{ns}/{name} set\n"))
             }
+            ("/move", Some((ns, name))) => match addrs("addrs") {
+                Ok(a) => {
+                    let from = q.get("from").map_or("", String::as_str);
+                    let to = q.get("to").map_or("", String::as_str);
+                    self.update(|s| s.move_endpoints(ns, name, from, to, &a));
+                    (200, format!("{ns}/{name}: {} moved from {from:?} to {to:?}\n", a.len()))
+                }
+                Err(e) => (400, e),
+            },
             ("/terminate", Some((ns, name))) => match addrs("addrs") {
                 Ok(a) => {
                     self.update(|s| s.terminate(ns, name, &a));

@@ -832,3 +832,63 @@ async fn a_short_watch_timeout_re_establishes_the_watch_with_no_peer_change_or_e
     assert_eq!(up.kube().await["last_outcome"], "synced");
     assert_eq!(up.peers().await.len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_split_across_slices_never_exposes_a_partial_set() {
+    let b = backends(4).await;
+    let all = addrs(&b[..3]);
+    let lab = Lab::start(&all);
+    let up = upkeep("slices", &lab, "").await;
+    up.wait_peers(&all).await;
+    // Three slices: a {b0}, b {b1}, the first {b2}; every address stays in some slice.
+    let set = |g: &str, a: &[SocketAddr]| {
+        let list: Vec<String> = a.iter().map(|x| x.to_string()).collect();
+        format!(
+            "/endpoints?service=apps/app&slice={g}&ready={}",
+            list.join(",")
+        )
+    };
+    lab.ctl(&set("a", &[b[0].addr()])).await;
+    lab.ctl(&set("b", &[b[1].addr()])).await;
+    lab.ctl(&set("", &[b[2].addr()])).await;
+    // A re-list (410) reads the three slices as one set: the history is compacted past a
+    // change made while the API server was away.
+    lab.ctl("/fault?set=unreachable").await;
+    up.wait_outcome("unreachable").await;
+    lab.ctl(&set("b", &[b[1].addr()])).await;
+    lab.ctl("/gone").await;
+    lab.ctl("/fault?set=none").await;
+    let start = Instant::now();
+    while list_requests(&lab.requests().await) < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?} {}",
+            lab.requests().await,
+            up.kube().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    up.wait_peers(&all).await;
+    let changes = "upkeep_kubernetes_peer_set_changes_total";
+    let before = counter(&get(up.admin, "admin", "/metrics").await.text(), changes);
+    let load = up.load(100, Duration::from_secs(2));
+    // b0 moves a -> b and back, one slice written after the other each time.
+    for (from, to) in [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")] {
+        lab.ctl(&format!(
+            "/move?service=apps/app&from={from}&to={to}&addrs={}",
+            b[0].addr()
+        ))
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(up.peers().await.len(), 3, "{}", up.kube().await);
+    }
+    let after = counter(&get(up.admin, "admin", "/metrics").await.text(), changes);
+    assert_eq!(after, before, "a move between slices changed the peer set");
+    // A rolling update across slices: slice a loses old b0, slice b gains new b3.
+    lab.ctl(&set("a", &[])).await;
+    lab.ctl(&set("b", &[b[1].addr(), b[3].addr()])).await;
+    up.wait_peers(&[b[1].addr(), b[2].addr(), b[3].addr()])
+        .await;
+    let run = load.await.unwrap();
+    assert!(run.errors().is_empty(), "{}", run.summary());
+}

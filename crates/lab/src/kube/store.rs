@@ -1,5 +1,5 @@
-//! The fake API server's objects: Services and their EndpointSlices (one slice per port, as
-//! the EndpointSlice controller splits them), a resourceVersion that every change bumps, and
+//! The fake API server's objects: Services and their EndpointSlices (one slice per port and
+//! slice group, as the EndpointSlice controller splits a large or rolling Service), a resourceVersion that every change bumps, and
 //! the event history watches resume from, compacted on demand to provoke 410 Gone.
 
 use std::collections::BTreeMap;
@@ -20,6 +20,8 @@ pub struct Endpoint {
     pub terminating: bool,
     /// `zone`.
     pub zone: Option<String>,
+    /// The slice it is in: `""` is `NAME-PORT`, `g` is `NAME-PORT-g`.
+    pub slice: String,
 }
 
 impl Endpoint {
@@ -31,6 +33,7 @@ impl Endpoint {
             serving: true,
             terminating: false,
             zone: None,
+            slice: String::new(),
         }
     }
 
@@ -42,6 +45,7 @@ impl Endpoint {
             serving: true,
             terminating: true,
             zone: None,
+            slice: String::new(),
         }
     }
 }
@@ -63,8 +67,8 @@ pub struct Event {
 struct Service {
     port_name: String,
     endpoints: Vec<Endpoint>,
-    /// Slices by port, with the resourceVersion each was last written at.
-    slices: BTreeMap<u16, u64>,
+    /// Slices by port and group, with the resourceVersion each was last written at.
+    slices: BTreeMap<(u16, String), u64>,
 }
 
 /// Every object of the fake API server.
@@ -121,6 +125,61 @@ impl Store {
         self.sync(ns, name, false)
     }
 
+    /// Sets the endpoints of one slice group of a Service (creating it), leaving the others'
+    /// endpoints as they are; one event per slice, as the controller writes them one by one.
+    pub fn set_slice(
+        &mut self,
+        ns: &str,
+        name: &str,
+        port_name: &str,
+        group: &str,
+        eps: Vec<Endpoint>,
+    ) -> Vec<Event> {
+        let key = (ns.to_owned(), name.to_owned());
+        let svc = self.services.entry(key).or_default();
+        svc.port_name = port_name.to_owned();
+        svc.endpoints.retain(|e| e.slice != group);
+        svc.endpoints.extend(eps.into_iter().map(|e| Endpoint {
+            slice: group.to_owned(),
+            ..e
+        }));
+        self.sync(ns, name, false)
+    }
+
+    /// Moves endpoints from slice group `from` to `to` the way a controller does it: `from` is
+    /// written first (without them), then `to` (with them), two separate events.
+    pub fn move_endpoints(
+        &mut self,
+        ns: &str,
+        name: &str,
+        from: &str,
+        to: &str,
+        addrs: &[SocketAddr],
+    ) -> Vec<Event> {
+        let Some(svc) = self.services.get(&(ns.to_owned(), name.to_owned())) else {
+            return Vec::new();
+        };
+        let port_name = svc.port_name.clone();
+        let group = |g: &str| -> Vec<Endpoint> {
+            svc.endpoints
+                .iter()
+                .filter(|e| e.slice == g)
+                .cloned()
+                .collect()
+        };
+        let (mut src, mut dst) = (group(from), group(to));
+        let moved: Vec<Endpoint> = src
+            .iter()
+            .filter(|e| addrs.contains(&e.addr))
+            .cloned()
+            .collect();
+        src.retain(|e| !addrs.contains(&e.addr));
+        dst.extend(moved);
+        let mut events = self.set_slice(ns, name, &port_name, from, src);
+        events.extend(self.set_slice(ns, name, &port_name, to, dst));
+        events
+    }
+
     /// Deletes a Service and its slices.
     pub fn delete_service(&mut self, ns: &str, name: &str) -> Vec<Event> {
         let events = self.sync(ns, name, true);
@@ -158,8 +217,8 @@ impl Store {
             if n != ns || service.is_some_and(|s| s != name) {
                 continue;
             }
-            for (port, rv) in &svc.slices {
-                out.push(slice(ns, name, svc, *port, *rv));
+            for (key, rv) in &svc.slices {
+                out.push(slice(ns, name, svc, key, *rv));
             }
         }
         out
@@ -198,25 +257,28 @@ impl Store {
         let Some(svc) = self.services.get_mut(&key) else {
             return Vec::new();
         };
-        let mut ports: Vec<u16> = if deleting {
+        let mut keys: Vec<(u16, String)> = if deleting {
             Vec::new()
         } else {
-            svc.endpoints.iter().map(|e| e.addr.port()).collect()
+            svc.endpoints
+                .iter()
+                .map(|e| (e.addr.port(), e.slice.clone()))
+                .collect()
         };
-        ports.sort_unstable();
-        ports.dedup();
+        keys.sort_unstable();
+        keys.dedup();
         let mut events = Vec::new();
-        let old: Vec<u16> = svc.slices.keys().copied().collect();
+        let old: Vec<(u16, String)> = svc.slices.keys().cloned().collect();
         // A Service whose endpoints are all gone keeps one empty slice, as the controller does.
-        if ports.is_empty() && !deleting {
-            if let Some(p) = old.first() {
-                ports.push(*p);
+        if keys.is_empty() && !deleting {
+            if let Some(k) = old.first() {
+                keys.push(k.clone());
             }
         }
-        for port in old.iter().filter(|p| !ports.contains(p)) {
+        for key in old.iter().filter(|k| !keys.contains(k)) {
             self.rv += 1;
-            let object = slice(ns, name, svc, *port, self.rv);
-            svc.slices.remove(port);
+            let object = slice(ns, name, svc, key, self.rv);
+            svc.slices.remove(key);
             events.push(Event {
                 rv: self.rv,
                 namespace: ns.to_owned(),
@@ -224,9 +286,10 @@ impl Store {
                 object,
             });
         }
-        for port in ports {
+        for key in keys {
             self.rv += 1;
-            let kind = if svc.slices.insert(port, self.rv).is_some() {
+            let object = slice(ns, name, svc, &key, self.rv);
+            let kind = if svc.slices.insert(key, self.rv).is_some() {
                 "MODIFIED"
             } else {
                 "ADDED"
@@ -235,7 +298,7 @@ impl Store {
                 rv: self.rv,
                 namespace: ns.to_owned(),
                 kind,
-                object: slice(ns, name, svc, port, self.rv),
+                object,
             });
         }
         self.history.extend(events.iter().cloned());
@@ -250,12 +313,13 @@ fn matches(e: &Event, ns: &str, service: Option<&str>) -> bool {
         })
 }
 
-/// The EndpointSlice JSON for one port of a Service, as the API server sends it.
-fn slice(ns: &str, name: &str, svc: &Service, port: u16, rv: u64) -> Value {
+/// The EndpointSlice JSON for one port and group of a Service, as the API server sends it.
+fn slice(ns: &str, name: &str, svc: &Service, key: &(u16, String), rv: u64) -> Value {
+    let (port, group) = (key.0, key.1.as_str());
     let endpoints: Vec<Value> = svc
         .endpoints
         .iter()
-        .filter(|e| e.addr.port() == port)
+        .filter(|e| e.addr.port() == port && e.slice == group)
         .map(|e| {
             let mut v = json!({
                 "addresses": [e.addr.ip().to_string()],
@@ -270,12 +334,17 @@ fn slice(ns: &str, name: &str, svc: &Service, port: u16, rv: u64) -> Value {
     let v6 = svc
         .endpoints
         .iter()
-        .any(|e| e.addr.is_ipv6() && e.addr.port() == port);
+        .any(|e| e.addr.is_ipv6() && e.addr.port() == port && e.slice == group);
+    let slice_name = if group.is_empty() {
+        format!("{name}-{port}")
+    } else {
+        format!("{name}-{port}-{group}")
+    };
     json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": format!("{name}-{port}"),
+            "name": slice_name,
             "namespace": ns,
             "resourceVersion": rv.to_string(),
             "labels": {
