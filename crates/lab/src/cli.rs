@@ -227,6 +227,7 @@ pub fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             out_dir: Some(prepare_out(&args.out)?),
             rate: Some(args.rate),
             progress: false,
+            loopback_net: None,
         };
         let rows = run_all(&scenarios, &kinds, &opts, args.parallel).await;
         print_rows(&rows, &args.format)?;
@@ -455,6 +456,7 @@ async fn run_cmd(a: RunArgs) -> anyhow::Result<ExitCode> {
         out_dir: Some(prepare_out(&a.out)?),
         rate: a.rate,
         progress: a.parallel <= 1 && kinds.len() == 1,
+        loopback_net: None,
     };
     let rows = run_all(&scenarios, &kinds, &opts, a.parallel).await;
     print_rows(&rows, &a.format)?;

@@ -317,6 +317,18 @@ impl Scenario {
         self.faults.iter().any(|f| f.signal.is_some())
     }
 
+    /// This scenario with every backend moved from `127.a.b.c` to `127.net.b.c`: runs in
+    /// parallel on distinct nets share no address, so one run's backend that refuses (its
+    /// port released) can never have that port taken by another run's backend.
+    pub fn on_loopback_net(&self, net: u8) -> Scenario {
+        let mut s = self.clone();
+        for b in &mut s.backends {
+            let [_, _, c, d] = b.ip.octets();
+            b.ip = Ipv4Addr::new(127, net, c, d);
+        }
+        s
+    }
+
     fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         let backends: BTreeSet<&str> = self.backends.iter().map(|b| b.name.as_str()).collect();

@@ -376,6 +376,11 @@ impl Running {
 
 /// A free loopback port (bound and released; the target binds it right after).
 pub fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    free_port_on(std::net::Ipv4Addr::LOCALHOST)
+}
+
+/// A free port on the loopback address `ip` (bound and released).
+pub fn free_port_on(ip: std::net::Ipv4Addr) -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind((ip, 0))?;
     Ok(l.local_addr()?.port())
 }

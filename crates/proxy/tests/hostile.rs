@@ -31,6 +31,25 @@ async fn upkeep_logging(toml: &str, log: &Path) -> Running {
     start_with(cfg, None, logger).await.expect("upkeep starts")
 }
 
+/// Sends `raw` and reads until the first line of the answer (or the close), 5 s at most.
+async fn status_line(addr: std::net::SocketAddr, raw: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(raw).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while !out.windows(2).any(|w| w == b"\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn status_of(resp: &str) -> Option<u16> {
     resp.split(' ').nth(1).and_then(|s| s.parse().ok())
 }
@@ -44,9 +63,10 @@ fn with_listener_keys(cfg: String, keys: &str) -> String {
     )
 }
 
+/// The value of `series` once it is `want`, or its last value after about 5 s.
 async fn wait_for_metric(up: &Running, series: &str, want: f64) -> f64 {
     let mut v = metric(up, series).await;
-    for _ in 0..40 {
+    for _ in 0..100 {
         if v == want {
             break;
         }
@@ -107,7 +127,9 @@ async fn every_refused_request_is_in_the_access_log_and_counted_by_cause() {
         ("head", big_head.into_bytes(), 431),
     ];
     for (name, raw, want) in &cases {
-        let resp = raw_exchange(l, raw, Duration::from_millis(500)).await;
+        // Returns at the status line; the bound only matters on a starved machine (a 1.1 MB
+        // head takes a while to read there).
+        let resp = status_line(l, raw).await;
         assert_eq!(
             status_of(&resp),
             Some(*want),
@@ -122,12 +144,19 @@ async fn every_refused_request_is_in_the_access_log_and_counted_by_cause() {
     let series = |cause: &str, class: &str| {
         format!("upkeep_responses_total{{origin=\"proxy\",class=\"{class}\",cause=\"{cause}\"}}")
     };
-    assert_eq!(metric(&up, &series("bad_request", "4xx")).await, 3.0);
-    assert_eq!(metric(&up, &series("uri_too_long", "4xx")).await, 1.0);
-    assert_eq!(metric(&up, &series("header_too_large", "4xx")).await, 1.0);
+    // hyper closes a refused connection before upkeep counts and logs the refusal, so the
+    // client may see the close first: the counts are waited for (bounded), not read at once.
+    for (cause, want) in [
+        ("bad_request", 3.0),
+        ("uri_too_long", 1.0),
+        ("header_too_large", 1.0),
+    ] {
+        let got = wait_for_metric(&up, &series(cause, "4xx"), want).await;
+        assert_eq!(got, want, "{cause}");
+    }
 
     let mut lines = Vec::new();
-    for _ in 0..40 {
+    for _ in 0..100 {
         lines = std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
@@ -222,18 +251,22 @@ async fn a_group_down_longer_than_the_window_fails_fast_and_recovers_at_once() {
     ));
     tokio::time::sleep_until(t0 + Duration::from_millis(500)).await;
     b.refuse();
+    let refused = tokio::time::Instant::now();
     tokio::time::sleep_until(t0 + Duration::from_millis(3500)).await;
     b.resume().await;
-    let resumed = t0.elapsed();
+    let resumed = tokio::time::Instant::now();
     let run = load.await.unwrap();
+    // On the load's clock, with the times requests really left (a starved machine sends
+    // late, and the load task itself may start after t0).
+    let refused = refused.saturating_duration_since(run.start);
+    let resumed = resumed.saturating_duration_since(run.start);
 
-    // Known down: from one window after the outage began (plus slack) until the return.
+    // Known down: sent one window after the outage began (plus slack), answered before the
+    // return.
     let down: Vec<_> = run
         .outcomes
         .iter()
-        .filter(|o| {
-            o.at >= Duration::from_millis(1200) && o.at + Duration::from_millis(50) < resumed
-        })
+        .filter(|o| o.sent >= refused + Duration::from_millis(700) && o.sent + o.latency < resumed)
         .collect();
     assert!(down.len() > 150, "{}", run.summary());
     for o in &down {
@@ -254,8 +287,8 @@ async fn a_group_down_longer_than_the_window_fails_fast_and_recovers_at_once() {
     let first_ok = run
         .outcomes
         .iter()
-        .find(|o| o.at + Duration::from_millis(10) >= resumed && o.status == Some(200))
-        .map(|o| o.at.saturating_sub(resumed))
+        .find(|o| o.sent + Duration::from_millis(10) >= resumed && o.status == Some(200))
+        .map(|o| o.sent.saturating_sub(resumed))
         .expect("service came back");
     eprintln!(
         "all_down answers: {} with p50 {:?}, max {:?}; first 200 {:?} after the backend's return",
@@ -272,7 +305,7 @@ async fn a_group_down_longer_than_the_window_fails_fast_and_recovers_at_once() {
     let after: Vec<_> = run
         .outcomes
         .iter()
-        .filter(|o| o.at >= resumed + first_ok + Duration::from_millis(20))
+        .filter(|o| o.sent >= resumed + first_ok + Duration::from_millis(20))
         .collect();
     assert!(!after.is_empty());
     assert!(

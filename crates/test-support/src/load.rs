@@ -16,6 +16,9 @@ use tokio::time::Instant;
 pub struct Outcome {
     /// Scheduled send time since the start.
     pub at: Duration,
+    /// When the request actually left, since the start: later than `at` when the machine
+    /// lags, so tests that compare with the moment of a fault use this one.
+    pub sent: Duration,
     /// Status, or `None` on a transport error.
     pub status: Option<u16>,
     /// The `upkeep-error` cause, if any.
@@ -29,6 +32,8 @@ pub struct Outcome {
 /// All outcomes of a run.
 #[derive(Debug, Clone)]
 pub struct Run {
+    /// When the load started: `at` and `sent` count from here.
+    pub start: Instant,
     /// Outcomes in schedule order.
     pub outcomes: Vec<Outcome>,
 }
@@ -93,6 +98,7 @@ pub async fn open_loop(
             };
             Outcome {
                 at,
+                sent: t - start,
                 status,
                 cause,
                 latency: t.elapsed(),
@@ -104,7 +110,7 @@ pub async fn open_loop(
     for t in tasks {
         outcomes.push(t.await.expect("load task"));
     }
-    Run { outcomes }
+    Run { start, outcomes }
 }
 
 async fn one(

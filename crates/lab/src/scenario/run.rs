@@ -2,7 +2,7 @@
 //! warm-up, load and fault timeline together, then stop everything by handle and report.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +30,10 @@ pub struct RunOptions {
     pub rate: Option<f64>,
     /// Draw a progress bar on a terminal.
     pub progress: bool,
+    /// Run on loopback net `127.N.0.0/16` (backends moved there, the target's listeners,
+    /// fake DNS and API server on `127.N.0.1`) so that runs in parallel share no address;
+    /// `None`: the scenario's own addresses and `127.0.0.1`.
+    pub loopback_net: Option<u8>,
 }
 
 /// A rig that could not be set up.
@@ -102,6 +106,14 @@ async fn run_inner(
     kind: TargetKind,
     opts: &RunOptions,
 ) -> Result<RunReport, RunError> {
+    let moved;
+    let (scenario, host) = match opts.loopback_net {
+        Some(net) => {
+            moved = scenario.on_loopback_net(net);
+            (&moved, Ipv4Addr::new(127, net, 0, 1))
+        }
+        None => (scenario, Ipv4Addr::LOCALHOST),
+    };
     let dir = tempfile::Builder::new()
         .prefix(&format!("upkeep-lab-{}-{}-", scenario.name, kind.name()))
         .tempdir()
@@ -115,7 +127,7 @@ async fn run_inner(
             let mode = timeline::dns_mode(&n.mode, timeline::name_addrs(scenario, &n.name));
             zone = zone.with(&n.name, mode, n.ttl);
         }
-        let d = FakeDns::start("127.0.0.1:0".parse().expect("static"), zone)
+        let d = FakeDns::start(SocketAddr::from((host, 0)), zone)
             .await
             .map_err(setup("fake DNS"))?;
         Some(Arc::new(d))
@@ -123,12 +135,10 @@ async fn run_inner(
     let kube = match &scenario.kubernetes {
         None => None,
         Some(k) => {
-            let fake = crate::kube::FakeKube::start(
-                "127.0.0.1:0".parse().expect("static"),
-                Duration::from_secs(1),
-            )
-            .await
-            .map_err(setup("fake Kubernetes API server"))?;
+            let fake =
+                crate::kube::FakeKube::start(SocketAddr::from((host, 0)), Duration::from_secs(1))
+                    .await
+                    .map_err(setup("fake Kubernetes API server"))?;
             timeline::kube_endpoints(scenario, &fake, backend_port, &k.backends, &[]);
             let path = dir.path().join("kubeconfig.yaml");
             std::fs::write(&path, crate::kube::kubeconfig(fake.local_addr()))
@@ -137,8 +147,8 @@ async fn run_inner(
         }
     };
     let rig = Rig {
-        listen: SocketAddr::from(([127, 0, 0, 1], target::free_port().map_err(setup("port"))?)),
-        admin: SocketAddr::from(([127, 0, 0, 1], target::free_port().map_err(setup("port"))?)),
+        listen: SocketAddr::from((host, target::free_port_on(host).map_err(setup("port"))?)),
+        admin: SocketAddr::from((host, target::free_port_on(host).map_err(setup("port"))?)),
         backend_port,
         backend_ips: scenario
             .backends

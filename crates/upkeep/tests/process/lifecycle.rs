@@ -3,26 +3,17 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::Method;
 use upkeep_test_support::fakedns::{FakeDns, Mode, Zone};
 use upkeep_test_support::load::open_loop;
-use upkeep_test_support::{free_port, get, TestBackend};
+use upkeep_test_support::{get, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
+use crate::support::{loopback, wait_ready, Proc, BIN};
+
 const NAME: &str = "app.upkeep.test";
-
-/// A running `upkeep serve`, killed if the test ends early.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 impl Proc {
     fn serve(config: &Path, stderr: &Path, extra: &[&str]) -> Proc {
@@ -83,25 +74,8 @@ impl Drop for Dir {
     }
 }
 
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port()))
-}
-
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-async fn wait_ready(admin: SocketAddr) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("upkeep did not become ready");
 }
 
 fn log_lines(path: &Path) -> Vec<String> {

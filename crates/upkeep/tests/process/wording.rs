@@ -12,7 +12,7 @@ fn root() -> PathBuf {
 }
 
 fn upkeep(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_upkeep"))
+    let out = Command::new(crate::support::BIN)
         .args(args)
         .env("NO_COLOR", "1")
         .output()

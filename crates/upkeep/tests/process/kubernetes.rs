@@ -7,7 +7,8 @@ use std::process::Command;
 
 use upkeep_doctor::k8s::yaml::{parse_documents, Node};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
+use crate::support::{self, BIN};
+
 const KUSTOMIZATIONS: &[&str] = &[
     "base",
     "overlays/single-namespace",
@@ -19,9 +20,7 @@ fn deploy_dir() -> PathBuf {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("upkeep-k8s-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    support::temp_dir("k8s", name)
 }
 
 /// `kubectl kustomize DIR`, or None (skip) when kubectl is missing outside CI.
@@ -301,9 +300,7 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
 
 #[test]
 fn upkeep_lab_kube_serves_endpointslices_and_takes_faults_over_its_control_address() {
-    use upkeep_test_support::free_port;
-    let api = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let control = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (api, control) = (support::loopback(), support::loopback());
     let child = Command::new(BIN)
         .args([
             "lab",

@@ -4,39 +4,19 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use upkeep_test_support::{free_port, get, TestBackend};
+use upkeep_test_support::{get, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{self, loopback, write, Proc, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("upkeep-obs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn write(path: &Path, text: &str) {
-    let mut f = std::fs::File::create(path).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+    support::temp_dir("obs", name)
 }
 
 fn addrs() -> (SocketAddr, SocketAddr) {
-    (
-        SocketAddr::from(([127, 0, 0, 1], free_port())),
-        SocketAddr::from(([127, 0, 0, 1], free_port())),
-    )
+    (loopback(), loopback())
 }
 
 /// Starts `upkeep serve` on `config` and waits until it is ready.
@@ -180,7 +160,7 @@ async fn promtool_check_metrics_is_clean_on_a_scrape_after_traffic() {
     let dir = temp_dir("promtool");
     // A second group whose only peer refuses connections: proxy-made 502s, an ejection,
     // retries, every family with samples.
-    let closed = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let closed = loopback();
     let groups = format!(
         "[[route]]\ngroup = \"app\"\n[[route]]\nhost = \"down.test\"\ngroup = \"down\"\n\
          [groups.app]\nendpoints = [\"{}\"]\n\
@@ -330,7 +310,7 @@ async fn combined_access_log_is_read_back_by_doctor_logs_access_log() {
         "access_log = \"{}\"\naccess_log_format = \"combined\"",
         log.display()
     );
-    let closed = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let closed = loopback();
     let groups = format!(
         "[[route]]\ngroup = \"app\"\n[[route]]\npath = \"/down\"\ngroup = \"down\"\n\
          [groups.app]\nendpoints = [\"{}\"]\n\

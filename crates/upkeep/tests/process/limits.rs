@@ -4,31 +4,21 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use upkeep_test_support::{free_port, get, raw_exchange, TestBackend};
+use upkeep_test_support::{get, raw_exchange, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{loopback, wait_ready, Proc, BIN};
 
 fn start(
     name: &str,
     backend: SocketAddr,
     listener: &str,
 ) -> (Proc, SocketAddr, SocketAddr, PathBuf) {
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (listen, admin) = (loopback(), loopback());
     let dir = std::env::temp_dir().join(format!("upkeep-limits-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("up.toml");
@@ -50,19 +40,6 @@ fn start(
         .spawn()
         .unwrap();
     (Proc(child), listen, admin, dir)
-}
-
-async fn wait_ready(admin: SocketAddr) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("upkeep did not become ready");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,34 +2,12 @@
 //! log get, and whether the connection gauge comes back down.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use upkeep_test_support::{free_port, get, raw_exchange, TestBackend};
+use upkeep_test_support::{get, raw_exchange, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn wait_ready(admin: SocketAddr) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("upkeep did not become ready");
-}
+use crate::support::{loopback, wait_ready, Proc, BIN};
 
 async fn gauge(admin: SocketAddr, name: &str) -> Option<f64> {
     get(admin, "admin", "/metrics")
@@ -51,8 +29,7 @@ async fn host_bracket_gets_400_without_a_panic_and_the_connection_gauge_returns_
         dir.join("stderr.txt"),
     );
     let _ = std::fs::remove_file(&log);
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (listen, admin) = (loopback(), loopback());
     std::fs::write(
         &cfg,
         format!(

@@ -4,32 +4,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use upkeep_test_support::{free_port, get};
+use upkeep_test_support::get;
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{self, loopback, Proc, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("upkeep-admin-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn local(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
+    support::temp_dir("admin", name)
 }
 
 /// A backend that accepts and never answers: every proxied request stays in flight.
@@ -55,7 +40,7 @@ struct Upkeep {
 /// Starts `upkeep serve` with one serving thread, under `ulimit -n` when given.
 async fn start(name: &str, backend: SocketAddr, admin_extra: &str, nofile: Option<u32>) -> Upkeep {
     let dir = temp_dir(name);
-    let (listen, control, probes) = (local(free_port()), local(free_port()), local(free_port()));
+    let (listen, control, probes) = (loopback(), loopback(), loopback());
     let cfg = dir.join("upkeep.toml");
     std::fs::write(
         &cfg,

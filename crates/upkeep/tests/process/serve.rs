@@ -1,33 +1,16 @@
 //! `upkeep serve`, `check` and `reload` as a user runs them: the real binary, real signals.
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use upkeep_test_support::{free_port, get, TestBackend};
+use upkeep_test_support::{get, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{self, loopback, wait_ready, write, Proc, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("upkeep-serve-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn write(path: &Path, text: &str) {
-    let mut f = std::fs::File::create(path).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+    support::temp_dir("serve", name)
 }
 
 fn config(listen: SocketAddr, admin: SocketAddr, backend: SocketAddr, lifecycle: &str) -> String {
@@ -36,24 +19,8 @@ fn config(listen: SocketAddr, admin: SocketAddr, backend: SocketAddr, lifecycle:
     )
 }
 
-async fn wait_ready(admin: SocketAddr) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("upkeep did not become ready");
-}
-
 fn addrs() -> (SocketAddr, SocketAddr) {
-    (
-        SocketAddr::from(([127, 0, 0, 1], free_port())),
-        SocketAddr::from(([127, 0, 0, 1], free_port())),
-    )
+    (loopback(), loopback())
 }
 
 fn signal(child: &Child, sig: &str) {

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use upkeep_test_support::{free_port, get, TestBackend};
+use upkeep_test_support::{get, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
+use crate::support::{loopback, wait_ready, BIN};
 
 struct Proc(Child, PathBuf);
 
@@ -27,8 +27,7 @@ impl Drop for Proc {
 
 /// Starts the binary with `header_read_timeout = "400ms"` and a JSON access log in a file.
 async fn start(name: &str, backend: SocketAddr) -> (Proc, SocketAddr, SocketAddr, PathBuf) {
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (listen, admin) = (loopback(), loopback());
     let dir = std::env::temp_dir().join(format!("upkeep-head-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("access.log");
@@ -49,19 +48,7 @@ async fn start(name: &str, backend: SocketAddr) -> (Proc, SocketAddr, SocketAddr
         .spawn()
         .unwrap();
     let proc = Proc(child, dir);
-    let start = Instant::now();
-    loop {
-        if TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "upkeep did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(admin).await;
     (proc, listen, admin, log)
 }
 
