@@ -567,7 +567,16 @@ async fn forward(
     };
     // A gRPC call's own deadline bounds upkeep's too.
     let cap = grpc.then(|| crate::grpc::timeout(&out.headers)).flatten();
+    // For gRPC, `grpc-timeout` and a route's `deadline` bound the call as a whole, its
+    // streamed body included (a group's default `deadline` would cut long-lived streams).
+    let call_limit = grpc
+        .then(|| crate::grpc::call_limit(&out.headers, route_rules.deadline))
+        .flatten();
+    let call_start = Instant::now();
     let mut resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await?;
+    if let Some(limit) = call_limit {
+        resp = resp.map(|b| b.with_call_deadline(call_start + limit));
+    }
     rules::apply_headers(&route_rules.response_headers, resp.headers_mut(), &vars);
     Ok(resp)
 }
