@@ -970,7 +970,10 @@ fn upstream_response(
             .idle_timeout_for(keepalive_hint(&parts.headers))
     };
     message::drop_length_under_transfer_coding(&mut parts.headers);
-    let declared = crate::trailers::declared(&parts.headers);
+    let mut declared = crate::trailers::declared(&parts.headers);
+    if conn.is_h2() {
+        crate::trailers::declare_grpc(&parts.headers, &mut declared);
+    }
     strip_hop_by_hop(&mut parts.headers);
     crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;

@@ -313,3 +313,49 @@ async fn grpc_timeout_bounds_a_streaming_call_after_its_response_head() {
         .expect("the backend saw its call cancelled");
     assert!(line.starts_with("cancelled SlowStream after"), "{line}");
 }
+
+#[tokio::test]
+async fn grpc_status_trailers_reach_an_http11_client_that_sent_te_trailers() {
+    let Some((_s, up)) = through_upkeep("").await else {
+        return;
+    };
+    // curl speaks HTTP/1.1 to upkeep, upkeep HTTP/2 to grpcio; `--raw` shows the chunked
+    // framing with its trailer section.
+    let body = std::env::temp_dir().join(format!(
+        "upkeep-grpc-h1-{}-{}",
+        std::process::id(),
+        up.listeners[0].port()
+    ));
+    let mut frame = vec![0u8, 0, 0, 0, 2];
+    frame.extend_from_slice(b"hi");
+    std::fs::write(&body, frame).unwrap();
+    let run = |te: bool| {
+        let mut c = tokio::process::Command::new("curl");
+        c.args(["-sS", "--raw", "-i", "--http1.1", "--max-time", "10"])
+            .args(["-H", "content-type: application/grpc"]);
+        if te {
+            c.args(["-H", "TE: trailers"]);
+        }
+        c.arg("--data-binary")
+            .arg(format!("@{}", body.display()))
+            .arg(format!("http://{}/echo.Echo/Unary", up.listeners[0]))
+            .kill_on_drop(true)
+            .output()
+    };
+    let with = run(true).await.unwrap();
+    let without = run(false).await.unwrap();
+    let _ = std::fs::remove_file(&body);
+    let with = String::from_utf8_lossy(&with.stdout).to_ascii_lowercase();
+    let without = String::from_utf8_lossy(&without.stdout).to_ascii_lowercase();
+    assert!(with.contains("transfer-encoding: chunked"), "{with}");
+    assert!(
+        with.contains("trailer: grpc-status, grpc-message, grpc-status-details-bin"),
+        "{with}"
+    );
+    let last_chunk = with.rfind("\r\n0\r\n").expect("a last chunk");
+    assert!(
+        with[last_chunk..].contains("grpc-status: 0\r\n"),
+        "grpc-status in the trailer section: {with}"
+    );
+    assert!(!without.contains("grpc-status"), "{without}");
+}
