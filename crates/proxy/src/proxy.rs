@@ -366,15 +366,19 @@ impl Outgoing {
     }
 
     fn replayable(&self) -> bool {
-        self.bodyless || self.body.is_some()
+        match &self.body {
+            Some(ReqBody::Replay(r)) => !r.overflowed(),
+            Some(_) => true,
+            None => self.bodyless,
+        }
     }
 
-    /// Keeps the body as it goes out (up to `REPLAY_LIMIT`), so that an HTTP/2 peer's refusal
+    /// Keeps the body as it goes out (up to `pool.http2_replay_buffer_bytes`), so that an HTTP/2 peer's refusal
     /// can be answered by sending it again.
-    fn keep_for_replay(&mut self) {
+    fn keep_for_replay(&mut self, limit: usize) {
         if matches!(self.body, Some(ReqBody::Stream(_))) {
             let body = self.body.take().expect("matched above");
-            self.body = Some(ReqBody::Replay(crate::body::Replay::new(body)));
+            self.body = Some(ReqBody::Replay(crate::body::Replay::new(body, limit)));
         }
     }
 }
@@ -772,7 +776,7 @@ async fn attempt(
             }
         };
         if conn.is_h2() {
-            out.keep_for_replay();
+            out.keep_for_replay(cfg.pool.http2_replay_buffer_bytes);
         }
         let Some(mut req) = out.build() else {
             return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
