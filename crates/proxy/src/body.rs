@@ -249,6 +249,10 @@ pub struct RespBody {
     complete: bool,
     cut: Option<Cut>,
     on_done: Option<Box<dyn OnDone>>,
+    /// A gRPC call's deadline (`grpc-timeout`, a route's or group's `deadline`), for the
+    /// whole call: at it the upstream stream is dropped (reset) and the call ends with
+    /// `DEADLINE_EXCEEDED` trailers.
+    call_deadline: Option<Pin<Box<Sleep>>>,
 }
 
 enum Inner {
@@ -294,7 +298,18 @@ impl RespBody {
             complete: false,
             cut: None,
             on_done: None,
+            call_deadline: None,
         }
+    }
+
+    /// Ends an upstream body at `at` when it is still streaming then: the upstream stream is
+    /// dropped (HTTP/2: reset with `CANCEL`) and the client gets gRPC `DEADLINE_EXCEEDED`
+    /// trailers, since the response head has already gone.
+    pub(crate) fn with_call_deadline(mut self, at: Instant) -> Self {
+        if matches!(self.inner, Inner::Upstream { .. }) {
+            self.call_deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+        }
+        self
     }
 
     /// Registers what happens when the body is finished.
@@ -342,6 +357,18 @@ impl Body for RespBody {
                 read_timeout,
                 silence,
             } => {
+                if let Some(t) = &mut this.call_deadline {
+                    if t.as_mut().poll(cx).is_ready() {
+                        this.call_deadline = None;
+                        // Dropping the upstream body (and its stream's claim) resets the
+                        // upstream stream: the backend stops working on a call nobody waits for.
+                        this.inner = Inner::Full(None);
+                        this.cut = Some(Cut::CallDeadline);
+                        return Poll::Ready(Some(Ok(Frame::trailers(
+                            crate::grpc::deadline_trailers(),
+                        ))));
+                    }
+                }
                 let polled = Pin::new(&mut *body).poll_frame(cx);
                 if polled.is_pending() {
                     if silence.poll_expired(cx, *read_timeout) {

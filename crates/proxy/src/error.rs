@@ -52,6 +52,8 @@ pub enum Cut {
     UpgradeIdleTimeout,
     /// An upgraded connection was still open `shutdown_timeout` after shutdown began.
     Shutdown,
+    /// A gRPC call was still streaming at its deadline (`grpc-timeout`, `deadline`).
+    CallDeadline,
 }
 
 impl Cut {
@@ -62,6 +64,7 @@ impl Cut {
             Cut::ClientSendTimeout => "client_send_timeout",
             Cut::UpgradeIdleTimeout => "upgrade_idle_timeout",
             Cut::Shutdown => "shutdown",
+            Cut::CallDeadline => "call_deadline",
         }
     }
 }

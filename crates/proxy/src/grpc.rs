@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 
 use crate::error::Cause;
 
@@ -81,6 +81,31 @@ pub fn code(cause: Cause) -> Code {
     }
 }
 
+/// The trailers that end a call cut at its deadline after its response head was sent:
+/// `grpc-status: 4` with upkeep's cause, as in a Trailers-Only answer.
+pub fn deadline_trailers() -> HeaderMap {
+    let mut t = HeaderMap::new();
+    t.insert(GRPC_STATUS, HeaderValue::from_static("4"));
+    t.insert(
+        GRPC_MESSAGE,
+        HeaderValue::from_static("upkeep: call_deadline"),
+    );
+    t.insert(
+        crate::rescue::CAUSE_HEADER,
+        HeaderValue::from_static("call_deadline"),
+    );
+    t
+}
+
+/// How long a gRPC call may take as a whole: the shorter of its `grpc-timeout` and its
+/// route's `deadline`.
+pub fn call_limit(headers: &HeaderMap, route_deadline: Option<Duration>) -> Option<Duration> {
+    match (timeout(headers), route_deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Percent-encodes a `grpc-message` value (everything outside printable ASCII, and `%`).
 pub fn encode_message(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -133,6 +158,18 @@ mod tests {
             h.insert(GRPC_TIMEOUT, v.parse().unwrap());
             assert_eq!(timeout(&h), want, "{v:?}");
         }
+    }
+
+    #[test]
+    fn call_limit_is_the_shorter_of_grpc_timeout_and_the_route_deadline() {
+        let ms = Duration::from_millis;
+        let mut h = HeaderMap::new();
+        assert_eq!(call_limit(&h, None), None);
+        assert_eq!(call_limit(&h, Some(ms(900))), Some(ms(900)));
+        h.insert(GRPC_TIMEOUT, "700m".parse().unwrap());
+        assert_eq!(call_limit(&h, None), Some(ms(700)));
+        assert_eq!(call_limit(&h, Some(ms(500))), Some(ms(500)));
+        assert_eq!(call_limit(&h, Some(ms(900))), Some(ms(700)));
     }
 
     #[test]

@@ -366,15 +366,19 @@ impl Outgoing {
     }
 
     fn replayable(&self) -> bool {
-        self.bodyless || self.body.is_some()
+        match &self.body {
+            Some(ReqBody::Replay(r)) => !r.overflowed(),
+            Some(_) => true,
+            None => self.bodyless,
+        }
     }
 
-    /// Keeps the body as it goes out (up to `REPLAY_LIMIT`), so that an HTTP/2 peer's refusal
+    /// Keeps the body as it goes out (up to `pool.http2_replay_buffer_bytes`), so that an HTTP/2 peer's refusal
     /// can be answered by sending it again.
-    fn keep_for_replay(&mut self) {
+    fn keep_for_replay(&mut self, limit: usize) {
         if matches!(self.body, Some(ReqBody::Stream(_))) {
             let body = self.body.take().expect("matched above");
-            self.body = Some(ReqBody::Replay(crate::body::Replay::new(body)));
+            self.body = Some(ReqBody::Replay(crate::body::Replay::new(body, limit)));
         }
     }
 }
@@ -567,7 +571,16 @@ async fn forward(
     };
     // A gRPC call's own deadline bounds upkeep's too.
     let cap = grpc.then(|| crate::grpc::timeout(&out.headers)).flatten();
+    // For gRPC, `grpc-timeout` and a route's `deadline` bound the call as a whole, its
+    // streamed body included (a group's default `deadline` would cut long-lived streams).
+    let call_limit = grpc
+        .then(|| crate::grpc::call_limit(&out.headers, route_rules.deadline))
+        .flatten();
+    let call_start = Instant::now();
     let mut resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await?;
+    if let Some(limit) = call_limit {
+        resp = resp.map(|b| b.with_call_deadline(call_start + limit));
+    }
     rules::apply_headers(&route_rules.response_headers, resp.headers_mut(), &vars);
     Ok(resp)
 }
@@ -763,7 +776,7 @@ async fn attempt(
             }
         };
         if conn.is_h2() {
-            out.keep_for_replay();
+            out.keep_for_replay(cfg.pool.http2_replay_buffer_bytes);
         }
         let Some(mut req) = out.build() else {
             return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
@@ -961,7 +974,10 @@ fn upstream_response(
             .idle_timeout_for(keepalive_hint(&parts.headers))
     };
     message::drop_length_under_transfer_coding(&mut parts.headers);
-    let declared = crate::trailers::declared(&parts.headers);
+    let mut declared = crate::trailers::declared(&parts.headers);
+    if conn.is_h2() {
+        crate::trailers::declare_grpc(&parts.headers, &mut declared);
+    }
     strip_hop_by_hop(&mut parts.headers);
     crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;

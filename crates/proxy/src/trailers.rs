@@ -55,6 +55,18 @@ pub fn declared(headers: &HeaderMap) -> Vec<HeaderValue> {
     headers.get_all(header::TRAILER).iter().cloned().collect()
 }
 
+/// An HTTP/2 peer does not declare its trailers ahead, and hyper's HTTP/1.1 server sends
+/// only the declared ones: a gRPC answer is declared with the status trailers every gRPC
+/// call ends with, so an HTTP/1.1 client with `TE: trailers` gets them (custom trailing
+/// metadata, unknown ahead, is not declared and does not pass).
+pub fn declare_grpc(headers: &HeaderMap, declared: &mut Vec<HeaderValue>) {
+    if declared.is_empty() && crate::grpc::is_grpc(headers) {
+        declared.push(HeaderValue::from_static(
+            "grpc-status, grpc-message, grpc-status-details-bin",
+        ));
+    }
+}
+
 /// Puts a response's `Trailer` declaration back when the client takes trailers: an HTTP/1.1
 /// downstream sends only the declared fields, and none without it.
 pub fn restore_response(headers: &mut HeaderMap, declared: Vec<HeaderValue>, accepts: bool) {

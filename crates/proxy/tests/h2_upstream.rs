@@ -411,3 +411,48 @@ async fn a_stream_refused_with_refused_stream_is_sent_again_with_its_body() {
         1.0
     );
 }
+
+#[tokio::test]
+async fn streams_refused_by_goaway_with_bodies_over_the_replay_buffer_fail_with_upstream_reset() {
+    let b = GoawayBackend::start(2).await;
+    // Bodies of 6 bytes, 4 kept: a refused stream cannot be sent again.
+    let up = upkeep(&one_group(
+        &[b.addr],
+        &format!("{HTTP2}[groups.app.pool]\nhttp2_replay_buffer_bytes = 4\n"),
+    ))
+    .await;
+    let listener = up.listeners[0];
+    let mut tasks = Vec::new();
+    for i in 0..2 {
+        tasks.push(tokio::spawn(async move {
+            let req = Request::builder()
+                .method("POST")
+                .uri(format!("/r{i}"))
+                .header("host", "h2.test")
+                .body(Full::new(Bytes::from(format!("body-{i}"))))
+                .unwrap();
+            send(listener, req).await
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        statuses.push((r.status, r.headers.get("upkeep-error").cloned()));
+    }
+    statuses.sort_by_key(|s| s.0);
+    assert_eq!(statuses[0].0, 200, "stream 1 was processed: {statuses:?}");
+    assert_eq!(statuses[1].0, 502, "{statuses:?}");
+    assert_eq!(
+        statuses[1].1.as_ref().map(|v| v.to_str().unwrap()),
+        Some("upstream_reset"),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        metric(
+            &up,
+            "upkeep_pool_connections_total{event=\"h2_refused_replay\"}"
+        )
+        .await,
+        0.0
+    );
+}

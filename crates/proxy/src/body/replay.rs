@@ -17,7 +17,7 @@ use http_body::{Body, Frame};
 use super::{ReqBody, SendProgress};
 use crate::error::BoxError;
 
-/// Bytes of body kept for a replay; a longer body is sent once.
+/// Bytes of body kept for a replay by default (`pool.http2_replay_buffer_bytes`).
 pub const REPLAY_LIMIT: usize = 64 * 1024;
 
 enum Kept {
@@ -29,7 +29,9 @@ struct State {
     inner: ReqBody,
     kept: Vec<Kept>,
     kept_bytes: usize,
-    /// More than `REPLAY_LIMIT` went out: no replay.
+    /// Most bytes kept.
+    limit: usize,
+    /// More than `limit` went out: no replay.
     overflow: bool,
     /// The generation whose handle may read.
     generation: u64,
@@ -45,13 +47,14 @@ pub struct Replay {
 }
 
 impl Replay {
-    /// Wraps a body that has not been sent yet.
-    pub fn new(inner: ReqBody) -> Self {
+    /// Wraps a body that has not been sent yet, keeping up to `limit` bytes of it.
+    pub fn new(inner: ReqBody, limit: usize) -> Self {
         Self {
             state: Arc::new(Mutex::new(State {
                 inner,
                 kept: Vec::new(),
                 kept_bytes: 0,
+                limit,
                 overflow: false,
                 generation: 0,
                 pos: 0,
@@ -61,8 +64,13 @@ impl Replay {
         }
     }
 
+    /// More body went out than is kept: it cannot be sent again.
+    pub fn overflowed(&self) -> bool {
+        self.state.lock().unwrap().overflow
+    }
+
     /// A handle for the next attempt, which starts from the first byte; `None` when more than
-    /// `REPLAY_LIMIT` bytes have already gone out. Earlier handles stop reading.
+    /// the limit in bytes has already gone out. Earlier handles stop reading.
     pub fn rewind(&self) -> Option<Self> {
         let mut st = self.state.lock().unwrap();
         if st.overflow {
@@ -110,7 +118,7 @@ impl Replay {
                 };
                 if let Some((k, n)) = kept {
                     st.kept_bytes += n;
-                    if st.kept_bytes > REPLAY_LIMIT {
+                    if st.kept_bytes > st.limit {
                         st.overflow = true;
                         st.kept = Vec::new();
                     } else {

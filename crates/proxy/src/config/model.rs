@@ -491,6 +491,9 @@ pub struct PoolConfig {
     /// HTTP/2: a PING unanswered this long closes the connection.
     #[serde(with = "secs")]
     pub http2_keepalive_timeout: Duration,
+    /// HTTP/2: most request body bytes kept to send a stream again that the peer refused
+    /// unprocessed (GOAWAY, REFUSED_STREAM); a longer body is sent once.
+    pub http2_replay_buffer_bytes: usize,
 }
 
 impl Default for PoolConfig {
@@ -502,6 +505,7 @@ impl Default for PoolConfig {
             max_connections_per_peer: None,
             http2_keepalive_interval: Duration::from_secs(20),
             http2_keepalive_timeout: Duration::from_secs(10),
+            http2_replay_buffer_bytes: crate::body::REPLAY_LIMIT,
         }
     }
 }

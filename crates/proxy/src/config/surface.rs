@@ -231,6 +231,7 @@ pub(crate) struct Pool {
     pub max_connections_per_peer: Option<S<i64>>,
     pub http2_keepalive_interval: Option<S<Dur>>,
     pub http2_keepalive_timeout: Option<S<Dur>>,
+    pub http2_replay_buffer_bytes: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -600,6 +600,13 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             m.pool.http2_keepalive_timeout,
             "http2_keepalive_timeout",
         );
+        m.pool.http2_replay_buffer_bytes = cx.int(
+            &p.http2_replay_buffer_bytes,
+            m.pool.http2_replay_buffer_bytes as u64,
+            0,
+            64 * 1024 * 1024,
+            "http2_replay_buffer_bytes",
+        ) as usize;
         m.pool.max_connections_per_peer = p.max_connections_per_peer.as_ref().map(|_| {
             cx.int(
                 &p.max_connections_per_peer,

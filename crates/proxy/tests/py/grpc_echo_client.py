@@ -50,6 +50,25 @@ def main():
         def run():
             return [r.decode() for r in m("unary_stream", "ServerStream")(b"50", timeout=timeout)]
 
+    elif case == "slow_stream":
+        # No client deadline shorter than the stream: only upkeep's can end it. The messages
+        # seen before the end are reported with the status.
+        got = []
+
+        def run():
+            try:
+                for r in m("unary_stream", "SlowStream")(b"100", timeout=timeout):
+                    got.append(r.decode())
+            except grpc.RpcError as e:
+                print(json.dumps({
+                    "code": e.code().name,
+                    "details": e.details(),
+                    "trailing": metadata(e.trailing_metadata()),
+                    "messages": got,
+                }), flush=True)
+                raise SystemExit(0)
+            return got
+
     elif case == "client_stream":
 
         def run():

@@ -9,6 +9,9 @@ Methods of /echo.Echo:
   ServerStream  streams int(request) messages b"msg-<i>"
   ClientStream  answers the count and total size of the messages received, b"<n>:<bytes>"
   Bidi          answers every message as it arrives with b"re:" + message
+  SlowStream    streams int(request) messages b"tick-<i>", 100 ms apart; when the call is
+                cancelled under it (the client or a proxy reset the stream), prints
+                "cancelled SlowStream after <i>" on stdout
 """
 
 import sys
@@ -38,6 +41,15 @@ def server_stream(request, context):
         yield b"msg-%d" % i
 
 
+def slow_stream(request, context):
+    for i in range(int(request.decode())):
+        if not context.is_active():
+            print("cancelled SlowStream after %d" % i, flush=True)
+            return
+        yield b"tick-%d" % i
+        time.sleep(0.1)
+
+
 def client_stream(request_iterator, context):
     n = size = 0
     for m in request_iterator:
@@ -58,6 +70,7 @@ def main():
         "Fail": grpc.unary_unary_rpc_method_handler(fail),
         "Slow": grpc.unary_unary_rpc_method_handler(slow),
         "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
+        "SlowStream": grpc.unary_stream_rpc_method_handler(slow_stream),
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
     }
