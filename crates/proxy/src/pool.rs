@@ -464,10 +464,14 @@ impl Pool {
         {
             return;
         }
-        let Some(load) = conn.open.as_ref().map(|o| o.load().clone()) else {
-            return;
+        // Borrowed, not cloned: a clone would write the shared reference count per request.
+        let placed = match conn.open.as_ref() {
+            Some(open) => {
+                let load = open.load();
+                load.try_idle(load.idle_limit(self.cfg.max_idle_per_peer))
+            }
+            None => return,
         };
-        let placed = load.try_idle(load.idle_limit(self.cfg.max_idle_per_peer));
         let mut evicted = None;
         {
             let mut idle = self.shard();
