@@ -2,17 +2,21 @@
 # Proxy benchmark: one small-response backend, driven by wrk directly, through upkeep, through
 # nginx and through HAProxy, with the same threads, connections and duration for every target.
 # Prints req/s, p50, p99, the proxy's CPU time per request, and the ratios of each row to
-# direct and to nginx (upkeep/direct, upkeep/nginx).
+# direct and to nginx (upkeep/direct, upkeep/nginx), at each concurrency (64 and 256 by
+# default), then the goal verdicts as PASS/FAIL lines (see docs/benchmarks.md).
 #
 # Usage: bench/proxy.sh            (from the repository root; see docs/benchmarks.md)
 # Settings (environment):
 #   BENCH_DURATION     measured wrk run per target         (default 10s)
 #   BENCH_WARMUP       unmeasured wrk run before each one  (default 2s)
 #   BENCH_THREADS      wrk threads                         (default 2)
-#   BENCH_CONNECTIONS  wrk connections                     (default 64)
-#   BENCH_TARGETS      rows to run, in order (default: direct upkeep upkeep-log nginx nginx-log haproxy)
-#   BENCH_UPKEEP_WORKERS  space-separated `--workers` counts; adds one upkeep row per count
-#                         (default: none, upkeep runs with one serving thread per CPU)
+#   BENCH_CONNECTIONS  wrk connections, one table section per value (default "64 256")
+#   BENCH_TARGETS      rows at the first concurrency, in order (default: direct upkeep upkeep-log
+#                      nginx nginx-log haproxy)
+#   BENCH_HIGH_TARGETS rows at the other concurrencies (default: direct upkeep nginx haproxy)
+#   BENCH_UPKEEP_WORKERS  space-separated `--workers` counts; adds one upkeep row per count at
+#                         the first concurrency (default "1 2"; the plain upkeep row runs one
+#                         serving thread per CPU)
 #   UPKEEP             upkeep binary (default: target/release/upkeep under CARGO_TARGET_DIR,
 #                      built with `cargo build --release -p upkeep` when missing)
 #   NGINX, HAPROXY, WRK  binaries (default: from PATH, then /usr/sbin)
@@ -36,9 +40,11 @@ source "$repo/bench/lib.sh"
 DURATION=${BENCH_DURATION:-10s}
 WARMUP=${BENCH_WARMUP:-2s}
 THREADS=${BENCH_THREADS:-2}
-CONNECTIONS=${BENCH_CONNECTIONS:-64}
+CONNECTION_LIST=${BENCH_CONNECTIONS:-64 256}
+CONNECTIONS=${CONNECTION_LIST%% *}
 TARGETS=${BENCH_TARGETS:-direct upkeep upkeep-log nginx nginx-log haproxy}
-for n in ${BENCH_UPKEEP_WORKERS:-}; do
+HIGH_TARGETS=${BENCH_HIGH_TARGETS-direct upkeep nginx haproxy}
+for n in ${BENCH_UPKEEP_WORKERS-1 2}; do
     TARGETS="$TARGETS upkeep-w$n"
 done
 H2_TARGETS=${BENCH_H2_TARGETS-upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up}
@@ -197,7 +203,7 @@ to_ms() {
     }'
 }
 
-declare -A rps=() p50=() p99=() errs=() notes=() requests=() cpu=()
+declare -A rps=() p50=() p99=() errs=() notes=() requests=() cpu=() newconns=()
 
 # cpu_ticks PID: CPU time (user + system, clock ticks) used so far by PID, its threads and its
 # direct children (nginx workers).
@@ -248,6 +254,7 @@ upkeep_notes() {
     new=$(awk '/^upkeep_pool_connections_total/ && /event="new"/ { s += $NF } END { print s + 0 }' <<<"$m")
     reused=$(awk '/^upkeep_pool_connections_total/ && /event="reused"/ { s += $NF } END { print s + 0 }' <<<"$m")
     notes[$name]="upstream conns new=$new reused=$reused"
+    newconns[$name]=$new
     if [[ $log == on ]]; then
         lines=$(wc -l <"$dir/access.log")
         notes[$name]+="; access log lines=$lines of ${requests[$name]} requests"
@@ -261,11 +268,12 @@ nginx_notes() {
     fi
 }
 
+# run_target TARGET NAME: one row, recorded under NAME (TARGET@cN).
 run_target() {
-    local t=$1 port admin dir=$work/$1
+    local t=$1 name=$2 port admin dir=$work/$2
     case $t in
     direct)
-        measure direct "$backend_port" "$backend_pid"
+        measure "$name" "$backend_port" "$backend_pid"
         ;;
     upkeep | upkeep-log | upkeep-w*)
         free_port port
@@ -274,8 +282,8 @@ run_target() {
         [[ $t == upkeep-log ]] && log=on
         [[ $t == upkeep-w* ]] && workers=${t#upkeep-w}
         start_upkeep "$dir" "$port" "$admin" "$log" "$workers"
-        measure "$t" "$port" "${pids[-1]}"
-        upkeep_notes "$t" "$admin" "$dir" "$log"
+        measure "$name" "$port" "${pids[-1]}"
+        upkeep_notes "$name" "$admin" "$dir" "$log"
         stop "${pids[-1]}"
         ;;
     nginx | nginx-log)
@@ -283,14 +291,14 @@ run_target() {
         local log=off
         [[ $t == nginx-log ]] && log=on
         start_nginx "$dir" "$port" "$log"
-        measure "$t" "$port" "${pids[-1]}"
+        measure "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
-        nginx_notes "$t" "$dir" "$log"
+        nginx_notes "$name" "$dir" "$log"
         ;;
     haproxy)
         free_port port
         start_haproxy "$dir" "$port"
-        measure haproxy "$port" "${pids[-1]}"
+        measure "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         ;;
     *) die "unknown target $t" ;;
@@ -458,33 +466,42 @@ ratio() {
 }
 
 report_idle
-echo "bench: wrk -t$THREADS -c$CONNECTIONS -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs"
 echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
 start_backend
-for t in $TARGETS; do
-    echo "bench: running $t" >&2
-    run_target "$t"
+rows=()
+list=$TARGETS
+for c in $CONNECTION_LIST; do
+    CONNECTIONS=$c
+    for t in $list; do
+        echo "bench: running $t at c$c" >&2
+        run_target "$t" "$t@c$c"
+        rows+=("$t@c$c")
+    done
+    list=$HIGH_TARGETS
 done
 for t in $H2_TARGETS; do
     echo "bench: running $t" >&2
     run_h2_target "$t"
 done
 
-# The nginx row a target is compared with: same access-log setting (HAProxy logs nothing here).
+# The nginx row a row is compared with: same concurrency, same access-log setting (HAProxy
+# logs nothing here).
 nginx_ref() {
     case $1 in
-    *-log) echo nginx-log ;;
-    *) echo nginx ;;
+    *-log@*) echo "nginx-log@${1#*@}" ;;
+    *) echo "nginx@${1#*@}" ;;
     esac
 }
 
-printf '\n%-12s %10s %8s %8s %6s %7s %10s %10s %9s %9s %9s  %s\n' \
+printf '\n%-17s %10s %8s %8s %6s %7s %10s %10s %9s %9s %9s  %s\n' \
     target req/s p50_ms p99_ms errors cpu_us rps/direct p99/direct rps/nginx p99/nginx cpu/nginx notes
-for t in $TARGETS; do
+for t in "${rows[@]}"; do
     ref=$(nginx_ref "$t")
-    printf '%-12s %10s %8s %8s %6s %7s %10s %10s %9s %9s %9s  %s\n' "$t" "${rps[$t]}" "${p50[$t]}" \
+    printf '%-17s %10s %8s %8s %6s %7s %10s %10s %9s %9s %9s  %s\n' "$t" "${rps[$t]}" "${p50[$t]}" \
         "${p99[$t]}" "${errs[$t]}" "${cpu[$t]}" \
-        "$(ratio "${rps[$t]}" "${rps[direct]:-}")" "$(ratio "${p99[$t]}" "${p99[direct]:-}")" \
+        "$(ratio "${rps[$t]}" "${rps[direct@${t#*@}]:-}")" "$(ratio "${p99[$t]}" "${p99[direct@${t#*@}]:-}")" \
         "$(ratio "${rps[$t]}" "${rps[$ref]:-}")" "$(ratio "${p99[$t]}" "${p99[$ref]:-}")" \
         "$(ratio "${cpu[$t]}" "${cpu[$ref]:-}")" "${notes[$t]:-}"
 done
@@ -644,4 +661,49 @@ if [[ -n $WS_TARGETS ]]; then
     done
     echo "cpu_us: CPU microseconds the proxy spent per round trip (ws-direct: the Python echo server's)."
     echo "The Python client and server bound the rate; the rows show what each proxy adds."
+fi
+
+# The goals of docs/benchmarks.md ("Goals"), judged from this run only: ratios against nginx and
+# HAProxy measured minutes apart on the same machine, never against figures of another day.
+# verdict NAME A OP B [DETAIL]: PASS when A OP B holds (ge or le), SKIP when a row is missing.
+verdict() {
+    local name=$1 a=$2 op=$3 b=$4 detail=${5:-} ok
+    if [[ -z $a || -z $b || $a == - || $b == - ]]; then
+        printf 'SKIP  %-52s (a row is missing)\n' "$name"
+        return
+    fi
+    ok=$(awk -v a="$a" -v b="$b" -v op="$op" 'BEGIN { print (op == "ge" ? a + 0 >= b + 0 : a + 0 <= b + 0) ? "PASS" : "FAIL" }')
+    printf '%s  %-52s %s\n' "$ok" "$name" "$detail"
+}
+# min_of A B: the smaller of two numbers, ignoring empty ones.
+min_of() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "") print b; else if (b == "") print a; else print (a + 0 < b + 0 ? a : b) }'
+}
+lo=${CONNECTION_LIST%% *}
+hi=${CONNECTION_LIST##* }
+echo
+echo "Goals (this run; load average before: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg))"
+u=upkeep@c$lo
+need=$(awk -v n="${rps[nginx@c$lo]:-}" 'BEGIN { if (n != "") printf "%.0f", n * 1.2 }')
+verdict "c$lo req/s >= 1.2x nginx" "${rps[$u]:-}" ge "$need" \
+    "upkeep ${rps[$u]:-?} vs 1.2 x nginx ${rps[nginx@c$lo]:-?} ($(ratio "${rps[$u]:-}" "${rps[nginx@c$lo]:-}")x)"
+best=$(min_of "${p99[nginx@c$lo]:-}" "${p99[haproxy@c$lo]:-}")
+verdict "c$lo p99 <= best peer's" "${p99[$u]:-}" le "$best" "upkeep ${p99[$u]:-?} ms vs $best ms"
+verdict "c$lo CPU/req <= nginx's" "${cpu[$u]:-}" le "${cpu[nginx@c$lo]:-}" \
+    "upkeep ${cpu[$u]:-?} us vs nginx ${cpu[nginx@c$lo]:-?} us"
+if [[ $hi != "$lo" ]]; then
+    u=upkeep@c$hi
+    verdict "c$hi req/s >= HAProxy" "${rps[$u]:-}" ge "${rps[haproxy@c$hi]:-}" \
+        "upkeep ${rps[$u]:-?} vs HAProxy ${rps[haproxy@c$hi]:-?} ($(ratio "${rps[$u]:-}" "${rps[haproxy@c$hi]:-}")x)"
+    best=$(min_of "${p99[nginx@c$hi]:-}" "${p99[haproxy@c$hi]:-}")
+    verdict "c$hi p99 <= best peer's" "${p99[$u]:-}" le "$best" "upkeep ${p99[$u]:-?} ms vs $best ms"
+    verdict "c$hi upstream connections opened <= 2x concurrency" "${newconns[$u]:-}" le $((2 * hi)) \
+        "${newconns[$u]:-?} opened (warm-up included) for $hi connections"
+fi
+verdict "h2 req/s >= HAProxy" "${rps[upkeep-h2]:-}" ge "${rps[haproxy-h2]:-}" \
+    "upkeep ${rps[upkeep-h2]:-?} vs HAProxy ${rps[haproxy-h2]:-?} ($(ratio "${rps[upkeep-h2]:-}" "${rps[haproxy-h2]:-}")x)"
+w1=${rps[upkeep-w1@c$lo]:-} w2=${rps[upkeep-w2@c$lo]:-}
+if [[ -n $w1 && -n $w2 ]]; then
+    printf 'INFO  %-52s %s\n' "c$lo --workers 1 vs 2" \
+        "w1 ${w1} req/s ${cpu[upkeep-w1@c$lo]} us/req, w2 ${w2} req/s ${cpu[upkeep-w2@c$lo]} us/req (w2/w1 $(ratio "$w2" "$w1")x)"
 fi

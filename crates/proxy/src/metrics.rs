@@ -101,7 +101,8 @@ pub struct Metrics {
     pub latency: Histogram,
     /// Open downstream connections.
     pub downstream_open: Gauge,
-    /// Upstream connection events: new, reused, stale_discarded, expired, h2_refused_replay.
+    /// Upstream connection events: new, reused, stale_discarded, expired, h2_refused_replay,
+    /// evicted.
     pub pool_events: Family<EventLabel, Counter>,
     /// Idle pooled upstream connections.
     pub pool_idle: Gauge,
@@ -239,7 +240,7 @@ impl Metrics {
         );
         r.register(
             "pool_connections",
-            "Upstream connection events (new, reused, stale_discarded, expired, h2_refused_replay)",
+            "Upstream connection events (new, reused, stale_discarded, expired, h2_refused_replay, evicted)",
             m.pool_events.clone(),
         );
         r.register(

@@ -7,6 +7,7 @@
 
 pub mod h2;
 mod io;
+mod load;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -28,6 +29,7 @@ use crate::metrics::Metrics;
 use self::h2::{H2Conns, Stream};
 pub use io::Counters;
 use io::{Peeker, SharedIo, Transport};
+use load::{Loads, OpenGuard};
 use tls::ClientTls;
 
 /// Why a connect attempt failed.
@@ -48,27 +50,6 @@ pub enum ConnectError {
     /// The peer already has `max_connections_per_peer` open connections.
     #[error("peer is at max_connections_per_peer ({0})")]
     Full(usize),
-}
-
-/// Open connections per peer, for `max_connections_per_peer`.
-type OpenCounts = Arc<Mutex<HashMap<SocketAddr, usize>>>;
-
-/// One open connection counted against its peer's limit until dropped.
-struct Slot {
-    counts: OpenCounts,
-    peer: SocketAddr,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut counts = self.counts.lock().unwrap();
-        if let Some(n) = counts.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.peer);
-            }
-        }
-    }
 }
 
 /// How a request is sent: on an HTTP/1.1 connection of its own, or on a stream of a shared
@@ -124,7 +105,9 @@ pub struct Conn {
     peer: SocketAddr,
     created: Instant,
     reused: bool,
-    _slot: Option<Slot>,
+    /// Counts an HTTP/1.1 connection against its peer while it is open (an HTTP/2
+    /// connection's task holds its own).
+    open: Option<OpenGuard>,
 }
 
 impl Conn {
@@ -182,6 +165,13 @@ impl Conn {
 }
 
 impl Conn {
+    /// Taken off an idle list (reused, expired or closed).
+    fn left_idle(&self) {
+        if let Some(open) = &self.open {
+            open.load().idle_left();
+        }
+    }
+
     fn h2(stream: Stream, peer: SocketAddr, reused: bool) -> Self {
         Conn {
             sender: Sender::H2(Box::new(stream)),
@@ -190,7 +180,7 @@ impl Conn {
             peer,
             created: Instant::now(),
             reused,
-            _slot: None,
+            open: None,
         }
     }
 }
@@ -229,7 +219,8 @@ pub struct Pool {
     tls: Option<ClientTls>,
     shards: [Mutex<IdleMap>; SHARDS],
     metrics: Arc<Metrics>,
-    open: OpenCounts,
+    /// Open and idle connections and the busy peak per peer, across serving threads.
+    loads: Loads,
     protocol: UpstreamProtocol,
     h2: H2Conns,
 }
@@ -252,17 +243,19 @@ impl Pool {
         protocol: UpstreamProtocol,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
+        let loads = Loads::new(cfg.idle_peak_window);
         let pool = Arc::new(Self {
             cfg,
             tls,
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            loads,
             metrics,
-            open: Arc::default(),
             protocol,
             h2: H2Conns::default(),
         });
         let weak = Arc::downgrade(&pool);
-        tokio::spawn(sweep(weak));
+        let every = SWEEP_EVERY.min(pool.loads.slot());
+        tokio::spawn(sweep(weak, every));
         pool
     }
 
@@ -281,20 +274,9 @@ impl Pool {
         self.h2.count(peer)
     }
 
-    /// Idle connections per peer.
+    /// Idle connections per peer, every serving thread's together.
     pub fn idle_count(&self, peer: SocketAddr) -> usize {
-        self.shards
-            .iter()
-            .map(|shard| {
-                shard
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|((_, p), _)| *p == peer)
-                    .map(|(_, l)| l.len())
-                    .sum::<usize>()
-            })
-            .sum()
+        self.loads.idle_count(peer)
     }
 
     /// A live idle connection to `peer`, most recently used first; closed, expired and
@@ -317,6 +299,7 @@ impl Pool {
             let mut found = None;
             while let Some(entry) = list.pop() {
                 self.metrics.pool_idle.dec();
+                entry.conn.left_idle();
                 if now >= entry.deadline
                     || now.duration_since(entry.conn.created) >= self.cfg.max_age
                 {
@@ -341,30 +324,17 @@ impl Pool {
         };
         drop(discarded);
         let mut conn = found?;
+        if let Some(open) = &conn.open {
+            open.load().note_busy();
+        }
         conn.reused = true;
         self.metrics.pool_event("reused");
         Some(conn)
     }
 
-    /// Open connections (busy and idle) to `peer`, counted only under a per-peer limit.
+    /// Open connections (busy and idle) to `peer`.
     pub fn open_count(&self, peer: SocketAddr) -> usize {
-        self.open.lock().unwrap().get(&peer).copied().unwrap_or(0)
-    }
-
-    fn reserve(&self, peer: SocketAddr) -> Result<Option<Slot>, ConnectError> {
-        let Some(max) = self.cfg.max_connections_per_peer else {
-            return Ok(None);
-        };
-        let mut counts = self.open.lock().unwrap();
-        let n = counts.entry(peer).or_insert(0);
-        if *n >= max {
-            return Err(ConnectError::Full(max));
-        }
-        *n += 1;
-        Ok(Some(Slot {
-            counts: self.open.clone(),
-            peer,
-        }))
+        self.loads.open_count(peer)
     }
 
     /// Opens a new connection to `peer` (TCP, then TLS for `https://` groups); `timeout`
@@ -393,7 +363,10 @@ impl Pool {
         timeout: Duration,
         until: Instant,
     ) -> Result<Conn, ConnectError> {
-        let slot = self.reserve(peer)?;
+        let open = self
+            .loads
+            .open(peer, self.cfg.max_connections_per_peer)
+            .map_err(ConnectError::Full)?;
         let stream = match tokio::time::timeout_at(until, TcpStream::connect(peer)).await {
             Err(_) => return Err(ConnectError::Timeout(timeout)),
             Ok(r) => r?,
@@ -431,8 +404,8 @@ impl Pool {
             let max_streams = Arc::new(std::sync::atomic::AtomicUsize::new(100));
             let limit = max_streams.clone();
             tokio::spawn(async move {
-                // The slot counts the connection, not a request: held until it closes.
-                let _slot = slot;
+                // The guard counts the connection, not a request: held until it closes.
+                let _open = open;
                 if let Err(e) = self::h2::drive(conn, limit).await {
                     tracing::debug!(peer.addr = %peer, error = %e, "upstream HTTP/2 connection ended with an error");
                 }
@@ -462,7 +435,7 @@ impl Pool {
             peer,
             created: Instant::now(),
             reused: false,
-            _slot: slot,
+            open: Some(open),
         })
     }
 
@@ -478,6 +451,9 @@ impl Pool {
         }
     }
 
+    /// Keeps `conn` idle on this thread's list when its peer has an idle place left: at
+    /// most its recent busy peak, and `max_idle_per_peer` across threads. At the limit this
+    /// thread's oldest idle connection to the peer makes way, or `conn` is closed.
     fn put(&self, conn: Conn, idle_timeout: Duration) {
         let now = Instant::now();
         if idle_timeout.is_zero()
@@ -488,11 +464,25 @@ impl Pool {
         {
             return;
         }
+        // Borrowed, not cloned: a clone would write the shared reference count per request.
+        let placed = match conn.open.as_ref() {
+            Some(open) => {
+                let load = open.load();
+                load.try_idle(load.idle_limit(self.cfg.max_idle_per_peer))
+            }
+            None => return,
+        };
         let mut evicted = None;
         {
             let mut idle = self.shard();
             let list = idle.entry((worker(), conn.peer)).or_default();
-            if list.len() >= self.cfg.max_idle_per_peer {
+            if !placed {
+                if list.is_empty() {
+                    drop(idle);
+                    self.metrics.pool_event("evicted");
+                    return;
+                }
+                // The oldest makes way; the count of idle connections stays the same.
                 evicted = Some(list.remove(0));
                 self.metrics.pool_idle.dec();
             }
@@ -502,7 +492,9 @@ impl Pool {
             });
             self.metrics.pool_idle.inc();
         }
-        drop(evicted);
+        if evicted.is_some() {
+            self.metrics.pool_event("evicted");
+        }
     }
 
     fn sweep_once(&self) {
@@ -516,7 +508,9 @@ impl Pool {
                 while i < list.len() {
                     let e = &list[i];
                     if now >= e.deadline || e.conn.sender.is_closed() {
-                        discarded.push(list.remove(i));
+                        let e = list.remove(i);
+                        e.conn.left_idle();
+                        discarded.push(e);
                     } else {
                         i += 1;
                     }
@@ -528,6 +522,28 @@ impl Pool {
         for _ in &discarded {
             self.metrics.pool_event("expired");
         }
+        drop(discarded);
+        // Idle connections above a peer's decayed peak: the oldest of each list go first.
+        let mut shrunk = Vec::new();
+        for (peer, mut excess) in self.loads.tick(self.cfg.max_idle_per_peer) {
+            for shard in &self.shards {
+                let mut idle = shard.lock().unwrap();
+                for ((_, p), list) in idle.iter_mut() {
+                    while *p == peer && excess > 0 && !list.is_empty() {
+                        let e = list.remove(0);
+                        e.conn.left_idle();
+                        self.metrics.pool_idle.dec();
+                        shrunk.push(e);
+                        excess -= 1;
+                    }
+                }
+                idle.retain(|_, l| !l.is_empty());
+            }
+        }
+        for _ in &shrunk {
+            self.metrics.pool_event("evicted");
+        }
+        drop(shrunk);
         for _ in 0..self.h2.sweep(self.cfg.idle_timeout, self.cfg.max_age) {
             self.metrics.pool_event("expired");
         }
@@ -539,6 +555,11 @@ impl Pool {
         for shard in &self.shards {
             let drained: Vec<_> = shard.lock().unwrap().drain().collect();
             let n: usize = drained.iter().map(|(_, l)| l.len()).sum();
+            for (_, list) in &drained {
+                for e in list {
+                    e.conn.left_idle();
+                }
+            }
             self.metrics.pool_idle.dec_by(n as i64);
         }
     }
@@ -550,8 +571,11 @@ impl Drop for Pool {
     }
 }
 
-async fn sweep(pool: Weak<Pool>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+/// How often expired idle connections are closed (sooner when the peak window is short).
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+async fn sweep(pool: Weak<Pool>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

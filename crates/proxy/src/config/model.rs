@@ -478,8 +478,12 @@ pub struct PoolConfig {
     /// Idle timeout; lowered to the server's `Keep-Alive: timeout=N` minus 1 s.
     #[serde(with = "secs")]
     pub idle_timeout: Duration,
-    /// Most idle connections kept per peer.
+    /// Most idle connections kept per peer, every serving thread's together.
     pub max_idle_per_peer: usize,
+    /// Below `max_idle_per_peer`, a peer keeps as many idle connections as it had busy at
+    /// once within this window.
+    #[serde(with = "secs")]
+    pub idle_peak_window: Duration,
     /// A connection older than this is not reused.
     #[serde(with = "secs")]
     pub max_age: Duration,
@@ -500,7 +504,8 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             idle_timeout: DEFAULT_POOL_IDLE,
-            max_idle_per_peer: 64,
+            max_idle_per_peer: 1024,
+            idle_peak_window: Duration::from_secs(10),
             max_age: Duration::from_secs(300),
             max_connections_per_peer: None,
             http2_keepalive_interval: Duration::from_secs(20),

@@ -227,6 +227,7 @@ pub(crate) enum PortValue {
 pub(crate) struct Pool {
     pub idle_timeout: Option<S<Dur>>,
     pub max_idle_per_peer: Option<S<i64>>,
+    pub idle_peak_window: Option<S<Dur>>,
     pub max_age: Option<S<Dur>>,
     pub max_connections_per_peer: Option<S<i64>>,
     pub http2_keepalive_interval: Option<S<Dur>>,

@@ -589,6 +589,11 @@ fn group(cx: &mut Ctx<'_>, name: &S<String>, g: &surface::Group) -> Option<Group
             100_000,
             "max_idle_per_peer",
         ) as usize;
+        m.pool.idle_peak_window = cx.positive(
+            &p.idle_peak_window,
+            m.pool.idle_peak_window,
+            "idle_peak_window",
+        );
         m.pool.max_age = cx.duration(&p.max_age, m.pool.max_age);
         m.pool.http2_keepalive_interval = cx.positive(
             &p.http2_keepalive_interval,

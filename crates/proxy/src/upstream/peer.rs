@@ -24,6 +24,10 @@ pub struct Peer {
     active: AtomicUsize,
     /// Fast-path copy of "ejected or checked down"; the mutex holds the truth.
     unhealthy: AtomicBool,
+    /// Set when a failure is counted, cleared when a success resets the count: while it is
+    /// clear, a success on a healthy peer has nothing to reset and takes no lock (every
+    /// serving thread records one per request).
+    failing: AtomicBool,
     health: Mutex<Health>,
     stats: PeerStats,
 }
@@ -139,6 +143,7 @@ impl Peer {
             tier,
             active: AtomicUsize::new(0),
             unhealthy: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
             health: Mutex::default(),
             stats: PeerStats::default(),
         }
@@ -185,8 +190,12 @@ impl Peer {
     /// peer since then, so it leaves that ejection alone.
     pub fn record_success(&self, sent_at: Instant) {
         if !self.unhealthy.load(Ordering::Relaxed) {
+            if !self.failing.load(Ordering::Relaxed) {
+                return;
+            }
             let mut h = self.health.lock().unwrap();
             h.consecutive_failures = 0;
+            self.failing.store(false, Ordering::Relaxed);
             return;
         }
         let mut h = self.health.lock().unwrap();
@@ -194,6 +203,7 @@ impl Peer {
             return;
         }
         h.consecutive_failures = 0;
+        self.failing.store(false, Ordering::Relaxed);
         if h.ejected_until.take().is_some() {
             h.restored_at = Some(Instant::now());
         }
@@ -213,6 +223,8 @@ impl Peer {
         {
             let mut h = self.health.lock().unwrap();
             h.consecutive_failures = h.consecutive_failures.saturating_add(weight);
+            // Under the lock, so a success that takes it next sees the flag.
+            self.failing.store(true, Ordering::Relaxed);
             let currently_ejected = h.ejected_until.is_some_and(|t| now < t);
             if currently_ejected || h.consecutive_failures < cfg.consecutive_failures {
                 return FailureEffect::Counted;
@@ -304,6 +316,29 @@ mod tests {
             min_healthy_percent: 50,
             active: None,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_resets_the_consecutive_failures_and_later_ones_count_again() {
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
+        let c = cfg();
+        let now = Instant::now();
+        for _ in 0..3 {
+            p.record_success(now);
+            assert!(matches!(
+                p.record_failure(&c, 1, now, || true),
+                FailureEffect::Counted
+            ));
+            assert!(matches!(
+                p.record_failure(&c, 1, now, || true),
+                FailureEffect::Counted
+            ));
+        }
+        // Two failures after the last success, a third one ejects.
+        assert!(matches!(
+            p.record_failure(&c, 1, now, || true),
+            FailureEffect::Ejected(_)
+        ));
     }
 
     #[tokio::test(start_paused = true)]
