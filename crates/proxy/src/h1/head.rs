@@ -4,6 +4,8 @@
 //! `Transfer-Encoding` other than a single `chunked`, obsolete line folding, bare LF line
 //! ends, header names with spaces, an over-size head. The rules are in docs/http1.md.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode, Version};
@@ -61,12 +63,15 @@ pub enum Parsed {
 /// (whose response never has a body, whatever its headers say). A complete head is taken off
 /// `buf` (a 1xx as well), so what stays is the body, or the next head.
 pub fn parse(buf: &mut BytesMut, head_request: bool) -> Result<Parsed, BadResponse> {
-    // Where each field lies in the head, so that the values can share its bytes once split.
-    let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
-    let (len, code, minor, count) = {
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut slots);
-        let len = match resp.parse(&buf[..]) {
+    // Uninitialised slots: zeroing 100 of them per response costs more than the parse.
+    let (len, code, minor) = {
+        let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut resp,
+            &buf[..],
+            &mut slots,
+        ) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => {
                 if buf.len() > MAX_HEAD {
@@ -76,21 +81,7 @@ pub fn parse(buf: &mut BytesMut, head_request: bool) -> Result<Parsed, BadRespon
             }
             Err(e) => return Err(BadResponse(parse_error(e))),
         };
-        let base = buf.as_ptr() as usize;
-        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
-            *span = (
-                h.name.as_ptr() as usize - base,
-                h.name.len(),
-                h.value.as_ptr() as usize - base,
-                h.value.len(),
-            );
-        }
-        (
-            len,
-            resp.code.unwrap_or(0),
-            resp.version,
-            resp.headers.len(),
-        )
+        (len, resp.code.unwrap_or(0), resp.version)
     };
     if len > MAX_HEAD {
         return Err(BadResponse("response head too large"));
@@ -108,19 +99,30 @@ pub fn parse(buf: &mut BytesMut, head_request: bool) -> Result<Parsed, BadRespon
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
+    // The head is split off and parsed again where it now lies, so that header values can
+    // share its bytes (no copy per field); the same bytes give the same parse.
     let raw: Bytes = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    if !matches!(
+        httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, &raw, &mut slots),
+        Ok(httparse::Status::Complete(_))
+    ) {
+        return Err(BadResponse("malformed response head"));
+    }
+    let mut headers = HeaderMap::with_capacity(resp.headers.len());
     let mut lengths = 0usize;
     let mut length: Option<u64> = None;
     let mut codings = 0usize;
     let mut close = false;
-    for &(n, nl, v, vl) in &spans[..count] {
-        let name_bytes = &raw[n..n + nl];
-        let value_bytes = &raw[v..v + vl];
+    for h in resp.headers.iter() {
+        let name_bytes = h.name.as_bytes();
+        let value_bytes = h.value;
         let name =
             HeaderName::from_bytes(name_bytes).map_err(|_| BadResponse("invalid header name"))?;
         // The values share the head's buffer: no copy per header.
-        let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
+        let value = HeaderValue::from_maybe_shared(raw.slice_ref(value_bytes))
             .map_err(|_| BadResponse("invalid header value"))?;
         if name == header::CONTENT_LENGTH {
             lengths += 1;
