@@ -140,6 +140,32 @@ impl ReqBody {
         }
     }
 
+    /// The first frame, already read, taken to go out with the request head (`crate::h1`).
+    /// Counted as passed on, as `poll_frame` counts it (its size was checked against the
+    /// limit when it was read).
+    pub(crate) fn take_first(&mut self) -> Option<Frame<Bytes>> {
+        let ReqBody::Stream(s) = self else {
+            return None;
+        };
+        let frame = s.first.take()?;
+        s.silence.progress();
+        s.progress.handed_over();
+        if let Some(d) = frame.data_ref() {
+            s.seen.fetch_add(d.len() as u64, Ordering::Relaxed);
+        }
+        Some(frame)
+    }
+
+    /// Puts back the frame `take_first` gave, when none of it was sent.
+    pub(crate) fn restore_first(&mut self, frame: Frame<Bytes>) {
+        if let ReqBody::Stream(s) = self {
+            if let Some(d) = frame.data_ref() {
+                s.seen.fetch_sub(d.len() as u64, Ordering::Relaxed);
+            }
+            s.first = Some(frame);
+        }
+    }
+
     /// The `Expect: 100-continue` gate of a gated body.
     pub fn gate(&self) -> Option<Arc<crate::expect::Gate>> {
         match self {
@@ -257,6 +283,12 @@ pub struct RespBody {
 
 enum Inner {
     Full(Option<Bytes>),
+    /// Read by upkeep's own HTTP/1 codec from the connection it arrived on.
+    Own {
+        body: Box<crate::h1::Streaming>,
+        read_timeout: Duration,
+        silence: Silence,
+    },
     Upstream {
         body: Incoming,
         checkin: Option<Checkin>,
@@ -286,6 +318,16 @@ impl RespBody {
         Self::new(Inner::Upstream {
             body,
             checkin,
+            read_timeout,
+            silence: Silence::default(),
+        })
+    }
+
+    /// An upstream body read by upkeep's own HTTP/1 codec; the connection goes back to the
+    /// pool at its end. A silence of `read_timeout` inside it cuts it.
+    pub(crate) fn own(body: crate::h1::Streaming, read_timeout: Duration) -> Self {
+        Self::new(Inner::Own {
+            body: Box::new(body),
             read_timeout,
             silence: Silence::default(),
         })
@@ -325,7 +367,11 @@ impl Drop for RespBody {
         let ended = match &self.inner {
             Inner::Full(d) => d.is_none(),
             Inner::Upstream { body, .. } => body.is_end_stream(),
+            Inner::Own { body, .. } => body.is_end_stream(),
         };
+        if let Inner::Own { body, .. } = &mut self.inner {
+            body.finish_on_drop();
+        }
         self.complete |= ended;
         if let Inner::Upstream { body, checkin, .. } = &mut self.inner {
             if body.is_end_stream() {
@@ -351,6 +397,26 @@ impl Body for RespBody {
         let this = self.get_mut();
         let res = match &mut this.inner {
             Inner::Full(data) => data.take().map(|d| Ok(Frame::data(d))),
+            Inner::Own {
+                body,
+                read_timeout,
+                silence,
+            } => {
+                let polled = body.poll_frame(cx);
+                if polled.is_pending() {
+                    if silence.poll_expired(cx, *read_timeout) {
+                        // The connection is dropped, never reused.
+                        body.abandon();
+                        this.cut = Some(Cut::UpstreamReadTimeout);
+                        return Poll::Ready(Some(Err(Box::new(UpstreamReadTimeout(
+                            *read_timeout,
+                        )))));
+                    }
+                    return Poll::Pending;
+                }
+                silence.progress();
+                ready!(polled)
+            }
             Inner::Upstream {
                 body,
                 checkin,
@@ -418,6 +484,7 @@ impl Body for RespBody {
             Inner::Upstream { body, checkin, .. } => {
                 checkin.as_ref().is_none_or(|c| !c.returns_to_pool()) && body.is_end_stream()
             }
+            Inner::Own { body, .. } => body.is_end_stream(),
         }
     }
 
@@ -426,6 +493,10 @@ impl Body for RespBody {
             Inner::Full(Some(d)) => SizeHint::with_exact(d.len() as u64),
             Inner::Full(None) => SizeHint::with_exact(0),
             Inner::Upstream { body, .. } => body.size_hint(),
+            Inner::Own { body, .. } => match body.remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::new(),
+            },
         }
     }
 }

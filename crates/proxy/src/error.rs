@@ -161,6 +161,8 @@ pub(crate) enum Kind {
     PeerFull,
     /// The request body passed the route's `max_body_bytes`: the client's doing.
     BodyTooLarge,
+    /// The upstream's response head was malformed or ambiguous (refused, never passed on).
+    BadResponse,
 }
 
 /// A classified proxy failure.
@@ -205,7 +207,7 @@ impl ProxyError {
             Kind::NoRoute => Cause::NoRoute,
             Kind::NoPeers(_) => Cause::NoPeers,
             Kind::Connect | Kind::ConnectTimeout => Cause::ConnectFailed,
-            Kind::Reset => Cause::UpstreamReset,
+            Kind::Reset | Kind::BadResponse => Cause::UpstreamReset,
             Kind::Timeout => Cause::UpstreamTimeout,
             Kind::RetryBudget => Cause::RetryBudget,
             Kind::BadRequest | Kind::Invalid(_) => Cause::BadRequest,
@@ -224,6 +226,7 @@ impl ProxyError {
             Kind::ConnectTimeout => Some("connect_timeout"),
             Kind::Invalid(r) => Some(r),
             Kind::PeerFull => Some("max_connections_per_peer"),
+            Kind::BadResponse => Some("invalid_response"),
             _ => None,
         }
     }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod expect;
 pub mod grpc;
+pub mod h1;
 pub mod headers;
 pub mod limits;
 pub mod listener;

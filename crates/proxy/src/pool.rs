@@ -28,6 +28,8 @@ use crate::metrics::Metrics;
 
 use self::h2::{H2Conns, Stream};
 pub use io::Counters;
+/// The socket under an own-codec connection (`crate::h1`), counting bytes like hyper's.
+pub(crate) type OwnIo = SharedIo;
 use io::{Peeker, SharedIo, Transport};
 use load::{Loads, OpenGuard};
 use tls::ClientTls;
@@ -57,6 +59,8 @@ pub enum ConnectError {
 pub(crate) enum Sender {
     H1(http1::SendRequest<ReqBody>),
     H2(Box<Stream>),
+    /// An HTTP/1.1 connection the request task drives itself (`crate::h1`).
+    Own(Option<Box<crate::h1::OwnWire>>),
 }
 
 /// What sending a request gives: the response head, or the error (with the request when
@@ -75,9 +79,11 @@ impl Sender {
            + Send
            + 'static {
         use futures_util::future::Either;
+        self.make_hyper();
         match self {
             Sender::H1(s) => Either::Left(s.send_request(req)),
             Sender::H2(s) => Either::Right(s.sender().send_request(req)),
+            Sender::Own(_) => unreachable!("make_hyper handed the connection to hyper"),
         }
     }
 
@@ -85,6 +91,8 @@ impl Sender {
         match self {
             Sender::H1(s) => s.is_closed(),
             Sender::H2(s) => s.is_closed(),
+            // Its liveness is the peek before reuse.
+            Sender::Own(_) => false,
         }
     }
 
@@ -92,7 +100,47 @@ impl Sender {
         match self {
             Sender::H1(s) => s.is_ready(),
             Sender::H2(s) => !s.is_closed(),
+            Sender::Own(w) => w.as_ref().is_some_and(|w| w.is_clean()),
         }
+    }
+
+    /// Hands an own-codec connection over to hyper's client (for the requests that stay on
+    /// hyper: `Expect: 100-continue`). hyper's HTTP/1 handshake does no I/O and cannot fail
+    /// (it sets up a channel), so this completes at once.
+    fn make_hyper(&mut self) {
+        use futures_util::FutureExt;
+        let Sender::Own(wire) = self else {
+            return;
+        };
+        let Some(wire) = wire.take() else {
+            return;
+        };
+        let builder = http1::Builder::new();
+        let handshake = match wire.into_io() {
+            Some(io) => builder
+                .handshake::<_, ReqBody>(TokioIo::new(io))
+                .now_or_never()
+                .map(|r| r.map(|(s, c)| (s, futures_util::future::Either::Left(c)))),
+            // Bytes were read ahead (never so for a pooled connection): a dead stand-in
+            // makes the send fail as a reset, retried on a fresh connection.
+            None => builder
+                .handshake::<_, ReqBody>(TokioIo::new(tokio::io::duplex(1).0))
+                .now_or_never()
+                .map(|r| r.map(|(s, c)| (s, futures_util::future::Either::Right(c)))),
+        };
+        let (sender, conn) = handshake
+            .expect("hyper's HTTP/1 handshake is ready at once")
+            .expect("hyper's HTTP/1 handshake does not fail");
+        tokio::spawn(async move {
+            let r = match conn {
+                futures_util::future::Either::Left(c) => c.with_upgrades().await,
+                futures_util::future::Either::Right(c) => c.await,
+            };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        *self = Sender::H1(sender);
     }
 }
 
@@ -141,6 +189,14 @@ impl Conn {
         matches!(self.sender, Sender::H2(_))
     }
 
+    /// The connection when upkeep's own HTTP/1 codec drives it (`crate::h1`).
+    pub(crate) fn wire_mut(&mut self) -> Option<&mut crate::h1::OwnWire> {
+        match &mut self.sender {
+            Sender::Own(Some(w)) => Some(w),
+            _ => None,
+        }
+    }
+
     /// An HTTP/2 connection whose peer refused a stream unprocessed takes no new stream.
     pub(crate) fn retire(&self) {
         if let Sender::H2(s) = &self.sender {
@@ -154,12 +210,14 @@ impl Conn {
         req: http::Request<ReqBody>,
     ) -> impl std::future::Future<Output = SendResult> + Send + 'static {
         use futures_util::future::Either;
+        self.sender.make_hyper();
         match &mut self.sender {
             Sender::H1(s) => Either::Left(s.try_send_request(req)),
             Sender::H2(s) => {
                 let req = self::h2::with_authority(req, s.https());
                 Either::Right(s.sender().try_send_request(req))
             }
+            Sender::Own(_) => unreachable!("make_hyper handed the connection to hyper"),
         }
     }
 }
@@ -343,7 +401,7 @@ impl Pool {
     pub async fn connect(&self, peer: SocketAddr, timeout: Duration) -> Result<Conn, ConnectError> {
         let until = Instant::now() + timeout;
         if self.protocol == UpstreamProtocol::Http1 {
-            return self.connect_new(peer, timeout, until).await;
+            return self.connect_new(peer, timeout, until, false).await;
         }
         let lock = self.h2.connect_lock(peer);
         let _turn = match tokio::time::timeout_at(until, lock.lock()).await {
@@ -354,7 +412,7 @@ impl Pool {
             self.metrics.pool_event("reused");
             return Ok(Conn::h2(stream, peer, true));
         }
-        self.connect_new(peer, timeout, until).await
+        self.connect_new(peer, timeout, until, false).await
     }
 
     async fn connect_new(
@@ -362,6 +420,7 @@ impl Pool {
         peer: SocketAddr,
         timeout: Duration,
         until: Instant,
+        own: bool,
     ) -> Result<Conn, ConnectError> {
         let open = self
             .loads
@@ -418,6 +477,18 @@ impl Pool {
             return Ok(Conn {
                 counters,
                 ..Conn::h2(stream, peer, false)
+            });
+        }
+        if own {
+            self.metrics.pool_event("new");
+            return Ok(Conn {
+                sender: Sender::Own(Some(Box::new(crate::h1::Wire::new(io)))),
+                peeker: Some(peeker),
+                counters,
+                peer,
+                created: Instant::now(),
+                reused: false,
+                _slot: slot,
             });
         }
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
@@ -565,6 +636,30 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Like `connect`, for a request that upkeep's own HTTP/1 codec sends (`crate::h1`): the
+    /// connection is not handed to hyper. Other protocols connect as `connect` does.
+    pub(crate) async fn connect_own(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Conn, ConnectError> {
+        if self.protocol != UpstreamProtocol::Http1 {
+            return self.connect(peer, timeout).await;
+        }
+        let until = Instant::now() + timeout;
+        self.connect_new(peer, timeout, until, true).await
+    }
+
+    /// Returns an own-codec connection whose response ended cleanly (`crate::h1`).
+    pub(crate) fn check_in(&self, mut conn: Conn, idle_timeout: Duration) {
+        if let Some(w) = conn.wire_mut() {
+            w.release();
+        }
+        self.put(conn, idle_timeout);
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         self.clear();
@@ -612,6 +707,10 @@ impl Checkin {
     /// The body ended: back to the pool once hyper is ready for the next request (an HTTP/2
     /// stream just ends: its connection stays shared).
     pub fn finish(mut self, cx: &mut Context<'_>) {
+        if matches!(self.conn.sender, Sender::Own(_)) {
+            self.pool.put(self.conn, self.idle_timeout);
+            return;
+        }
         let Sender::H1(sender) = &mut self.conn.sender else {
             return;
         };
@@ -625,6 +724,10 @@ impl Checkin {
     /// Like `finish`, without a task context.
     pub fn finish_later(mut self) {
         if self.conn.is_h2() {
+            return;
+        }
+        if matches!(self.conn.sender, Sender::Own(_)) {
+            self.pool.put(self.conn, self.idle_timeout);
             return;
         }
         tokio::spawn(async move {

@@ -735,6 +735,9 @@ async fn attempt(
     // stream gets a bounded number of tries.
     let mut h2_replays = 0;
     loop {
+        // upkeep's own HTTP/1 codec sends every request but those whose body waits for the
+        // upstream's `100 Continue` (hyper's client relays it; see `crate::expect`).
+        let own = !matches!(out.body, Some(ReqBody::Gated(..)));
         let mut conn = match if fresh_only {
             None
         } else {
@@ -745,7 +748,12 @@ async fn attempt(
                 let timeout = cfg
                     .connect_timeout
                     .min(deadline.saturating_duration_since(Instant::now()));
-                match pool.connect(peer.addr(), timeout).await {
+                let connecting = if own {
+                    futures_util::future::Either::Left(pool.connect_own(peer.addr(), timeout))
+                } else {
+                    futures_util::future::Either::Right(pool.connect(peer.addr(), timeout))
+                };
+                match connecting.await {
                     Ok(c) => c,
                     Err(ConnectError::Full(_)) => {
                         return Err(ProxyError::new(Kind::PeerFull).on_peer(
@@ -775,6 +783,16 @@ async fn attempt(
                 }
             }
         };
+        if own && conn.wire_mut().is_some() {
+            match send_own(group, peer, out, conn, deadline, try_timeout).await {
+                Ok(resp) => return Ok(resp),
+                Err(Some(e)) => return Err(e),
+                Err(None) => {
+                    fresh_only = true;
+                    continue;
+                }
+            }
+        }
         if conn.is_h2() {
             out.keep_for_replay(cfg.pool.http2_replay_buffer_bytes);
         }
@@ -870,12 +888,21 @@ async fn send_timed(
     try_timeout: Duration,
     deadline: Instant,
 ) -> Result<crate::pool::SendResult, tokio::time::error::Elapsed> {
+    timed(conn.send(req), progress, try_timeout, deadline).await
+}
+
+/// Runs `send` under the per-try timer (see `send_timed`).
+async fn timed<F: std::future::Future>(
+    send: F,
+    progress: Option<Arc<crate::body::SendProgress>>,
+    try_timeout: Duration,
+    deadline: Instant,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
     let Some(progress) = progress else {
         let due = (Instant::now() + try_timeout).min(deadline);
-        return tokio::time::timeout_at(due, conn.send(req)).await;
+        return tokio::time::timeout_at(due, send).await;
     };
     progress.restart();
-    let send = conn.send(req);
     tokio::pin!(send);
     loop {
         // While the client is awaited no try timer runs; look again after a while.
@@ -962,6 +989,22 @@ fn upstream_response(
     trailers: bool,
 ) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
+    let idle = rewrite_response_head(&mut parts, group, trailers);
+    let checkin = Checkin::new(group.pool().clone(), conn, idle);
+    Response::from_parts(
+        parts,
+        RespBody::upstream(body, checkin, group.config().read_timeout),
+    )
+}
+
+/// The upstream's response head made ready for downstream (hop-by-hop fields gone, length
+/// under a transfer coding dropped, trailers announced as agreed); returns how long the
+/// connection may then stay idle in the pool (zero: not reused).
+fn rewrite_response_head(
+    parts: &mut http::response::Parts,
+    group: &Arc<Group>,
+    trailers: bool,
+) -> Duration {
     let close = parts.headers.get_all(header::CONNECTION).iter().any(|v| {
         v.to_str()
             .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
@@ -981,9 +1024,150 @@ fn upstream_response(
     strip_hop_by_hop(&mut parts.headers);
     crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;
-    let checkin = Checkin::new(group.pool().clone(), conn, idle);
-    Response::from_parts(
-        parts,
-        RespBody::upstream(body, checkin, group.config().read_timeout),
+    idle
+}
+
+/// One attempt on an HTTP/1.1 connection driven by upkeep's own codec (`crate::h1`): the
+/// request task owns the connection until the response body ends. `Err(None)`: the reused
+/// connection turned out closed before any response byte, and the request is to be sent
+/// again on a fresh connection (the same rule as on hyper's path).
+async fn send_own(
+    group: &Arc<Group>,
+    peer: &Arc<Peer>,
+    out: &mut Outgoing,
+    mut conn: crate::pool::Conn,
+    deadline: Instant,
+    try_timeout: Duration,
+) -> Result<Response<RespBody>, Option<ProxyError>> {
+    use crate::h1::client::SendError;
+    let addr = peer.addr();
+    let reused = conn.is_reused();
+    let (w0, r0) = (conn.written(), conn.read());
+    let mut body = if out.bodyless {
+        None
+    } else {
+        match out.body.take() {
+            Some(b) => Some(b),
+            None => {
+                return Err(Some(
+                    ProxyError::new(Kind::Reset).on_peer(addr, false, true),
+                ))
+            }
+        }
+    };
+    let progress = body.as_ref().and_then(ReqBody::progress);
+    let Some(wire) = conn.wire_mut() else {
+        out.body = body;
+        return Err(None);
+    };
+    let in_flight = peer.start_request();
+    let mut sent_any = false;
+    let res = timed(
+        crate::h1::client::exchange(
+            wire,
+            &out.method,
+            &out.uri,
+            &out.headers,
+            &mut body,
+            &mut sent_any,
+        ),
+        progress,
+        try_timeout,
+        deadline,
     )
+    .await;
+    drop(in_flight);
+    if body.is_some() {
+        // Handed back whole: nothing of it went out.
+        out.body = body;
+    }
+    let written = conn.written() > w0;
+    let sent = match res {
+        Err(_) => {
+            return Err(Some(
+                ProxyError::new(Kind::Timeout).on_peer(addr, reused, written),
+            ))
+        }
+        Ok(Ok(sent)) => sent,
+        Ok(Err(SendError::Body(e))) => {
+            return Err(Some(client_fault_boxed(group, e, addr, reused, written)))
+        }
+        Ok(Err(SendError::Bad(bad))) => {
+            tracing::warn!(peer.addr = %addr, error = %bad, "refused an invalid upstream response");
+            return Err(Some(
+                ProxyError::new(Kind::BadResponse)
+                    .with_source(bad)
+                    .on_peer(addr, reused, written),
+            ));
+        }
+        Ok(Err(e)) => {
+            let got_response_bytes = conn.read() > r0;
+            let idempotent = matches!(
+                out.method,
+                Method::GET
+                    | Method::HEAD
+                    | Method::OPTIONS
+                    | Method::TRACE
+                    | Method::PUT
+                    | Method::DELETE
+            );
+            if reused && !got_response_bytes && (!written || idempotent) && out.replayable() {
+                group.metrics().pool_stale_replays.inc();
+                tracing::debug!(peer.addr = %addr, error = %e, "reused connection was closed; replaying on a fresh one");
+                return Err(None);
+            }
+            return Err(Some(
+                ProxyError::new(Kind::Reset)
+                    .with_source(e)
+                    .on_peer(addr, reused, written),
+            ));
+        }
+    };
+    let (head, reading) = crate::h1::client::Reading::new(sent);
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = head.status;
+    parts.version = head.version;
+    parts.headers = head.headers;
+    let idle = rewrite_response_head(&mut parts, group, out.trailers);
+    let idle = if head.keep_alive {
+        idle
+    } else {
+        Duration::ZERO
+    };
+    let streaming = crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle);
+    Ok(Response::from_parts(
+        parts,
+        RespBody::own(streaming, group.config().read_timeout),
+    ))
+}
+
+/// Like `client_fault`, for a body error seen by upkeep's own codec.
+fn client_fault_boxed(
+    group: &Group,
+    e: crate::error::BoxError,
+    peer: SocketAddr,
+    reused: bool,
+    written: bool,
+) -> ProxyError {
+    fn has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+        let mut cur = Some(e);
+        while let Some(c) = cur {
+            if c.is::<T>() {
+                return true;
+            }
+            cur = c.source();
+        }
+        false
+    }
+    let kind = if has::<crate::body::ClientBodyTimeout>(&*e) {
+        count_client_body_timeout(group.metrics());
+        Kind::ClientTimeout
+    } else if has::<crate::body::BodyTooLarge>(&*e) {
+        Kind::BodyTooLarge
+    } else {
+        Kind::BadRequest
+    };
+    ProxyError::new(kind)
+        .with_source(e)
+        .on_peer(peer, reused, written)
 }

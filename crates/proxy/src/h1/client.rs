@@ -1,0 +1,544 @@
+//! One request/response exchange on an HTTP/1.1 upstream connection that the request task
+//! owns: the rewritten request head goes straight into a reusable buffer and out in one
+//! vectored write with the body bytes already read; the response head is read and parsed
+//! (`super::head`); the body is read by [`Reading`] as the downstream side asks for it,
+//! while the rest of the request body keeps going out (an upstream may answer before it has
+//! read the whole upload, and stream while it reads). No connection task, channel or
+//! oneshot per request: the connection goes back to the pool when the response has ended.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{header, HeaderMap, Method, StatusCode, Uri};
+use http_body::{Body, Frame};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::body::{BadBody, Decoder, Piece};
+use super::head::{self, BadResponse, Head, Parsed};
+use crate::body::ReqBody;
+use crate::error::BoxError;
+
+/// Read buffer growth step.
+const READ_CHUNK: usize = 8 * 1024;
+/// Buffers larger than this are dropped when the connection goes idle, so that an idle
+/// pooled connection holds little memory.
+const KEEP_WHILE_IDLE: usize = 16 * 1024;
+
+/// An upstream connection with its buffers, reused request after request.
+pub struct Wire<T> {
+    io: T,
+    /// Read but not yet consumed: a partial head, or body bytes.
+    rbuf: BytesMut,
+    /// Where request heads and chunk-size lines are written.
+    wbuf: BytesMut,
+    /// Queued for the socket, in order.
+    pend: VecDeque<Bytes>,
+    /// A write went out that TLS may still hold in its buffer.
+    need_flush: bool,
+}
+
+impl<T> Wire<T> {
+    /// A fresh connection.
+    pub fn new(io: T) -> Self {
+        Self {
+            io,
+            rbuf: BytesMut::new(),
+            wbuf: BytesMut::new(),
+            pend: VecDeque::new(),
+            need_flush: false,
+        }
+    }
+
+    /// The stream, for a hand-over to another HTTP client; `None` if bytes were read ahead
+    /// (they would be lost, so the connection is not handed over).
+    pub fn into_io(self) -> Option<T> {
+        (self.rbuf.is_empty() && self.pend.is_empty()).then_some(self.io)
+    }
+
+    /// Between two exchanges, nothing is pending either way.
+    pub fn is_clean(&self) -> bool {
+        self.rbuf.is_empty() && self.pend.is_empty()
+    }
+
+    /// Lets go of large buffers before the connection goes idle.
+    pub fn release(&mut self) {
+        if self.rbuf.capacity() > KEEP_WHILE_IDLE {
+            self.rbuf = BytesMut::new();
+        }
+        if self.wbuf.capacity() > KEEP_WHILE_IDLE {
+            self.wbuf = BytesMut::new();
+        }
+    }
+}
+
+/// Why an exchange failed before the response head was complete.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Reading or writing the socket failed.
+    #[error("upstream connection failed: {0}")]
+    Io(#[source] io::Error),
+    /// The upstream closed the connection before a complete response head.
+    #[error("the upstream closed the connection before a complete response head")]
+    Closed,
+    /// The response head is malformed or ambiguous.
+    #[error(transparent)]
+    Bad(#[from] BadResponse),
+    /// The client's request body failed (timeout, limit, malformed).
+    #[error("request body failed: {0}")]
+    Body(#[source] BoxError),
+}
+
+/// How the request body goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Enc {
+    Length(u64),
+    Chunked,
+}
+
+/// The request body on its way out, after the head.
+pub struct Upload {
+    body: Option<ReqBody>,
+    enc: Enc,
+    /// The request declared trailer fields (`Trailer`): only then are trailers sent.
+    declared: bool,
+    trailers: Option<HeaderMap>,
+    /// The body ended and its last bytes are queued.
+    finishing: bool,
+    /// Every byte of the request went to the socket.
+    done: bool,
+    /// Writing failed or the body failed: the connection is not reused.
+    broken: bool,
+    write_error: Option<io::Error>,
+    /// Some byte went to the socket.
+    written_any: bool,
+    /// A frame was taken from the client's body (beyond the one already read).
+    took_any: bool,
+}
+
+impl Upload {
+    /// The whole request was written.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+/// What an exchange gives: the final response head, and the upload still going on.
+pub struct Sent {
+    /// The final response head.
+    pub head: Head,
+    /// The rest of the request body.
+    pub upload: Upload,
+}
+
+/// Writes the request head (and body bytes already read) to `wire`, then reads until a
+/// final response head, skipping 1xx heads, while the body keeps going out. `body` is left
+/// in place, untouched, when the exchange fails before any byte was written, so that the
+/// request can be sent again on another connection; `written` says whether any byte went.
+pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
+    wire: &mut Wire<T>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &mut Option<ReqBody>,
+    written: &mut bool,
+) -> Result<Sent, SendError> {
+    let head_request = *method == Method::HEAD;
+    let mut b = body.take();
+    let enc = match (&b, headers.get(header::CONTENT_LENGTH)) {
+        (None, _) => Enc::Length(0),
+        (Some(_), Some(v)) => Enc::Length(
+            std::str::from_utf8(v.as_bytes())
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or_else(|| SendError::Body("invalid Content-Length".into()))?,
+        ),
+        (Some(_), None) => Enc::Chunked,
+    };
+    write_head(wire, method, uri, headers, enc == Enc::Chunked);
+    let first = b.as_mut().and_then(ReqBody::take_first);
+    let mut up = Upload {
+        body: b,
+        enc,
+        declared: headers.contains_key(header::TRAILER),
+        trailers: None,
+        finishing: false,
+        done: false,
+        broken: false,
+        write_error: None,
+        written_any: false,
+        took_any: false,
+    };
+    if let Some(f) = &first {
+        if let Err(e) = up.encode(wire, f) {
+            return Err(SendError::Body(e));
+        }
+    }
+    if up.body.is_none() {
+        up.finish(wire).map_err(SendError::Body)?;
+        up.finishing = true;
+    }
+    let mut eof = false;
+    let res = poll_fn(|cx| {
+        loop {
+            let mut progress = up.poll_send(wire, cx)?;
+            if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
+                wire.rbuf.reserve(READ_CHUNK);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf) {
+                Poll::Ready(Ok(0)) => eof = true,
+                Poll::Ready(Ok(_)) => progress = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
+                Poll::Pending => {}
+            }
+            loop {
+                match head::parse(&mut wire.rbuf, head_request)? {
+                    Parsed::Partial => break,
+                    // 101 to a request that asked no upgrade: nothing can follow it here.
+                    Parsed::Informational(s, _) if s == StatusCode::SWITCHING_PROTOCOLS => {
+                        return Poll::Ready(Err(SendError::Bad(BadResponse(
+                            "101 Switching Protocols to a request without Upgrade",
+                        ))))
+                    }
+                    // 100 Continue (nobody waits for it here: the body is already going),
+                    // 102, 103: skipped, as hyper does.
+                    Parsed::Informational(..) => continue,
+                    Parsed::Final(h, _) => return Poll::Ready(Ok(h)),
+                }
+            }
+            if eof {
+                return Poll::Ready(Err(up
+                    .write_error
+                    .take()
+                    .map_or(SendError::Closed, SendError::Io)));
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await;
+    *written = up.written_any;
+    match res {
+        Ok(head) => Ok(Sent { head, upload: up }),
+        Err(e) => {
+            if !up.written_any && !up.took_any {
+                // Nothing went out: the body is whole again for another connection.
+                if let Some(mut b) = up.body.take() {
+                    if let Some(f) = first {
+                        b.restore_first(f);
+                    }
+                    *body = Some(b);
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `METHOD target HTTP/1.1`, the header fields as they are, and the body's framing.
+fn write_head<T>(
+    wire: &mut Wire<T>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    chunked: bool,
+) {
+    let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let w = &mut wire.wbuf;
+    w.reserve(64 + target.len() + headers.len() * 32);
+    w.put_slice(method.as_str().as_bytes());
+    w.put_u8(b' ');
+    w.put_slice(target.as_bytes());
+    w.put_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        w.put_slice(name.as_str().as_bytes());
+        w.put_slice(b": ");
+        w.put_slice(value.as_bytes());
+        w.put_slice(b"\r\n");
+    }
+    if chunked {
+        w.put_slice(b"transfer-encoding: chunked\r\n");
+    }
+    w.put_slice(b"\r\n");
+    let h = w.split().freeze();
+    wire.pend.push_back(h);
+}
+
+impl Upload {
+    /// Queues one frame of the client's body, framed for the upstream.
+    fn encode<T>(&mut self, wire: &mut Wire<T>, frame: &Frame<Bytes>) -> Result<(), BoxError> {
+        if let Some(data) = frame.data_ref() {
+            if data.is_empty() {
+                return Ok(());
+            }
+            match &mut self.enc {
+                Enc::Length(left) => {
+                    let n = data.len() as u64;
+                    if n > *left {
+                        return Err("request body longer than its Content-Length".into());
+                    }
+                    *left -= n;
+                    wire.pend.push_back(data.clone());
+                }
+                Enc::Chunked => {
+                    use std::fmt::Write;
+                    let _ = write!(HexLine(&mut wire.wbuf), "{:x}\r\n", data.len());
+                    let line = wire.wbuf.split().freeze();
+                    wire.pend.push_back(line);
+                    wire.pend.push_back(data.clone());
+                    wire.pend.push_back(Bytes::from_static(b"\r\n"));
+                }
+            }
+        } else if let Some(t) = frame.trailers_ref() {
+            if self.enc == Enc::Chunked && self.declared {
+                self.trailers = Some(t.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// The body ended: the last chunk (with declared trailers), or a check of the length.
+    fn finish<T>(&mut self, wire: &mut Wire<T>) -> Result<(), BoxError> {
+        match self.enc {
+            Enc::Length(0) => Ok(()),
+            Enc::Length(_) => Err("request body shorter than its Content-Length".into()),
+            Enc::Chunked => {
+                let w = &mut wire.wbuf;
+                w.put_slice(b"0\r\n");
+                if let Some(t) = self.trailers.take() {
+                    for (name, value) in &t {
+                        w.put_slice(name.as_str().as_bytes());
+                        w.put_slice(b": ");
+                        w.put_slice(value.as_bytes());
+                        w.put_slice(b"\r\n");
+                    }
+                }
+                w.put_slice(b"\r\n");
+                let end = w.split().freeze();
+                wire.pend.push_back(end);
+                Ok(())
+            }
+        }
+    }
+
+    /// Moves the upload on: writes what is queued, then takes the next body frame. `Ok(true)`
+    /// when something moved. A write error stops the upload (the response may still come:
+    /// an upstream that refuses an upload answers and closes); a body error fails it.
+    pub fn poll_send<T: AsyncWrite + Unpin>(
+        &mut self,
+        wire: &mut Wire<T>,
+        cx: &mut Context<'_>,
+    ) -> Result<bool, SendError> {
+        let mut progress = false;
+        loop {
+            if self.broken {
+                return Ok(progress);
+            }
+            while !wire.pend.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 16];
+                let mut k = 0;
+                for (s, b) in slices.iter_mut().zip(wire.pend.iter()) {
+                    *s = IoSlice::new(b);
+                    k += 1;
+                }
+                match Pin::new(&mut wire.io).poll_write_vectored(cx, &slices[..k]) {
+                    Poll::Ready(Ok(0)) => {
+                        self.fail_write(io::ErrorKind::WriteZero.into());
+                        return Ok(true);
+                    }
+                    Poll::Ready(Ok(mut n)) => {
+                        progress = true;
+                        self.written_any = true;
+                        wire.need_flush = true;
+                        while n > 0 {
+                            let front = wire.pend.front_mut().expect("written bytes were queued");
+                            if n >= front.len() {
+                                n -= front.len();
+                                wire.pend.pop_front();
+                            } else {
+                                front.advance(n);
+                                n = 0;
+                            }
+                        }
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.fail_write(e);
+                        return Ok(true);
+                    }
+                    Poll::Pending => return Ok(progress),
+                }
+            }
+            if wire.need_flush {
+                match Pin::new(&mut wire.io).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => wire.need_flush = false,
+                    Poll::Ready(Err(e)) => {
+                        self.fail_write(e);
+                        return Ok(true);
+                    }
+                    Poll::Pending => return Ok(progress),
+                }
+            }
+            if self.done || self.finishing {
+                // Everything queued is written: the request is complete.
+                self.done = true;
+                return Ok(progress);
+            }
+            let Some(body) = self.body.as_mut() else {
+                self.done = true;
+                return Ok(progress);
+            };
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Pending => return Ok(progress),
+                Poll::Ready(Some(Err(e))) => {
+                    self.broken = true;
+                    return Err(SendError::Body(e));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    self.took_any = true;
+                    progress = true;
+                    if let Err(e) = self.encode(wire, &frame) {
+                        self.broken = true;
+                        return Err(SendError::Body(e));
+                    }
+                }
+                Poll::Ready(None) => {
+                    progress = true;
+                    self.body = None;
+                    if let Err(e) = self.finish(wire) {
+                        self.broken = true;
+                        return Err(SendError::Body(e));
+                    }
+                    // Done once the last bytes are written, next round.
+                    self.finishing = true;
+                }
+            }
+        }
+    }
+
+    fn fail_write(&mut self, e: io::Error) {
+        self.broken = true;
+        self.write_error = Some(e);
+    }
+}
+
+/// `write!` into a `BytesMut`.
+struct HexLine<'a>(&'a mut BytesMut);
+
+impl std::fmt::Write for HexLine<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.put_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// The response body as it is read from the connection.
+pub struct Reading {
+    decoder: Decoder,
+    upload: Upload,
+    keep_alive: bool,
+}
+
+/// What reading the body gave.
+pub enum Read {
+    /// A frame for the downstream side.
+    Frame(Frame<Bytes>),
+    /// The body ended; `reusable` says whether the connection may take another request.
+    End {
+        /// Nothing is left over either way and the upstream allows reuse.
+        reusable: bool,
+    },
+}
+
+/// The body failed: truncated, malformed, or the connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Malformed or truncated.
+    #[error(transparent)]
+    Bad(#[from] BadBody),
+    /// The socket failed.
+    #[error("upstream connection failed inside the response body: {0}")]
+    Io(#[source] io::Error),
+    /// The client's request body failed while the response streamed.
+    #[error("request body failed: {0}")]
+    Upload(#[source] BoxError),
+}
+
+impl Reading {
+    /// Reads the body of the response that `sent` began.
+    pub fn new(sent: Sent) -> (Head, Self) {
+        let Sent { head, upload } = sent;
+        let reading = Self {
+            decoder: Decoder::new(head.framing),
+            upload,
+            keep_alive: head.keep_alive,
+        };
+        (head, reading)
+    }
+
+    /// Nothing more comes: the body has ended, or ends without another read.
+    pub fn at_end(&self) -> bool {
+        self.decoder.at_end()
+    }
+
+    /// The body is over, the request fully sent, nothing left over, and the upstream allows
+    /// another request: the connection may go back to the pool.
+    pub fn ended_cleanly<T>(&self, wire: &Wire<T>) -> bool {
+        self.decoder.at_end()
+            && self.keep_alive
+            && self.upload.done
+            && !self.upload.broken
+            && wire.is_clean()
+    }
+
+    /// Bytes still expected, when known.
+    pub fn remaining(&self) -> Option<u64> {
+        self.decoder.remaining()
+    }
+
+    /// The next frame, or the end.
+    pub fn poll_read<T: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        wire: &mut Wire<T>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Read, BodyError>> {
+        // The upload goes on while the response streams (an echoing upstream needs it).
+        if let Err(e) = self.upload.poll_send(wire, cx) {
+            return Poll::Ready(Err(match e {
+                SendError::Body(b) => BodyError::Upload(b),
+                SendError::Io(e) => BodyError::Io(e),
+                other => BodyError::Upload(Box::new(other)),
+            }));
+        }
+        loop {
+            match self.decoder.decode(&mut wire.rbuf)? {
+                Some(Piece::Data(d)) => return Poll::Ready(Ok(Read::Frame(Frame::data(d)))),
+                Some(Piece::Trailers(t)) => {
+                    return Poll::Ready(Ok(Read::Frame(Frame::trailers(t))))
+                }
+                Some(Piece::End) => {
+                    let reusable = self.ended_cleanly(wire);
+                    return Poll::Ready(Ok(Read::End { reusable }));
+                }
+                None => {}
+            }
+            if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
+                wire.rbuf.reserve(READ_CHUNK);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(match self.decoder.eof()? {
+                        Piece::End => Ok(Read::End { reusable: false }),
+                        _ => Err(BodyError::Bad(BadBody("unexpected end"))),
+                    })
+                }
+                Poll::Ready(Ok(_)) => continue,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(BodyError::Io(e))),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The response twin of the request framing table (`smuggling.rs`): a raw TCP backend sends
+//! each ambiguous response shape, and the client sees it refused (502 with its cause) or
+//! normalised, never passed through.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use support::{one_group, upkeep};
+use upkeep_test_support::raw_exchange;
+
+/// What the client must see.
+#[derive(Clone, Copy)]
+enum Want {
+    /// 502 with `upkeep-error: upstream_reset; reason=invalid_response`; no body byte passes.
+    Refused,
+    /// This status, this complete body, one framing downstream.
+    Normalised(u16, &'static str),
+    /// The body was cut: the connection closes with nothing (hyper drops the head it had
+    /// not flushed yet) or after a head and a body that never ends as if complete.
+    Cut,
+}
+
+fn cases() -> Vec<(&'static str, Vec<u8>, Want)> {
+    use Want::*;
+    let huge = format!(
+        "HTTP/1.1 200 OK\r\nX-Big: {}\r\nContent-Length: 5\r\n\r\nhello",
+        "a".repeat(70 * 1024)
+    );
+    vec![
+        ("cl_cl_differing", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!".to_vec(), Refused),
+        ("cl_cl_same", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello".to_vec(), Refused),
+        ("cl_list", b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello".to_vec(), Refused),
+        ("cl_inner_space", b"HTTP/1.1 200 OK\r\nContent-Length: 0 5\r\n\r\nhello".to_vec(), Refused),
+        ("cl_plus", b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello".to_vec(), Refused),
+        ("cl_minus", b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\nhello".to_vec(), Refused),
+        ("cl_hex", b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\nhello".to_vec(), Refused),
+        ("te_chunked_identity", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, identity\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(), Refused),
+        ("te_gzip", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nhello".to_vec(), Refused),
+        ("te_repeated", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(), Refused),
+        ("te_in_http10", b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(), Refused),
+        ("obs_fold", b"HTTP/1.1 200 OK\r\nX-A: one\r\n two\r\nContent-Length: 5\r\n\r\nhello".to_vec(), Refused),
+        ("bare_lf", b"HTTP/1.1 200 OK\nContent-Length: 5\n\nhello".to_vec(), Refused),
+        ("name_with_space", b"HTTP/1.1 200 OK\r\nX A: 1\r\nContent-Length: 5\r\n\r\nhello".to_vec(), Refused),
+        ("space_before_colon", b"HTTP/1.1 200 OK\r\nContent-Length : 5\r\n\r\nhello".to_vec(), Refused),
+        ("oversize_head", huge.into_bytes(), Refused),
+        ("switching_unasked", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nhello".to_vec(), Refused),
+        ("te_and_cl", b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(), Normalised(200, "hello")),
+        ("chunk_extensions", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;a=b\r\nhe\r\n3;c\r\nllo\r\n0\r\n\r\n".to_vec(), Normalised(200, "hello")),
+        ("informational_first", b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello".to_vec(), Normalised(200, "hello")),
+        ("no_content_with_body", b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello".to_vec(), Normalised(204, "")),
+        ("close_delimited", b"HTTP/1.1 200 OK\r\n\r\nhello".to_vec(), Normalised(200, "hello")),
+        ("chunk_size_not_hex", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n".to_vec(), Cut),
+        ("chunk_size_overflow", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\nhello\r\n".to_vec(), Cut),
+        ("chunk_bare_lf", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n".to_vec(), Cut),
+        ("chunk_without_crlf", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloX0\r\n\r\n".to_vec(), Cut),
+        ("missing_last_chunk", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(), Cut),
+        ("short_length", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello".to_vec(), Cut),
+    ]
+}
+
+/// Answers `GET /N` (or `HEAD /N`) with the raw bytes of case N, then closes.
+async fn backend(responses: Arc<Vec<Vec<u8>>>) -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let responses = responses.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&buf);
+                let n: usize = line
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|p| p.trim_start_matches('/').parse().ok())
+                    .unwrap_or(usize::MAX);
+                if let Some(r) = responses.get(n) {
+                    let _ = s.write_all(r).await;
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+fn status_of(resp: &str) -> Option<u16> {
+    resp.split(' ').nth(1).and_then(|s| s.parse().ok())
+}
+
+#[tokio::test]
+async fn ambiguous_upstream_responses_are_refused_or_normalised_never_passed_through() {
+    let cases = cases();
+    assert!(cases.len() >= 25);
+    let responses = Arc::new(cases.iter().map(|(_, r, _)| r.clone()).collect::<Vec<_>>());
+    let addr = backend(responses).await;
+    let up = upkeep(&one_group(&[addr], "try_timeout = \"2s\"\n")).await;
+    let mut failures = Vec::new();
+    for (i, (name, _, want)) in cases.iter().enumerate() {
+        let req = format!("GET /{i} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        let resp = raw_exchange(up.listeners[0], req.as_bytes(), Duration::from_secs(3)).await;
+        let lower = resp.to_ascii_lowercase();
+        let (head, body) = lower.split_once("\r\n\r\n").unwrap_or((&lower, ""));
+        let ok = match want {
+            Want::Refused => {
+                status_of(&resp) == Some(502)
+                    && head.contains("upkeep-error: upstream_reset; reason=invalid_response")
+                    && !body.contains("hello")
+            }
+            Want::Normalised(status, text) => {
+                let te = head.contains("transfer-encoding: chunked");
+                let cl = head.contains("content-length");
+                let decoded = if te {
+                    dechunk(body)
+                } else {
+                    Some(body.to_owned())
+                };
+                status_of(&resp) == Some(*status)
+                    && !(te && cl)
+                    && decoded.as_deref() == Some(*text)
+            }
+            Want::Cut => {
+                (resp.is_empty() || status_of(&resp) == Some(200))
+                    && !body.ends_with("0\r\n\r\n")
+                    && !body.contains("helloX")
+            }
+        };
+        if !ok {
+            failures.push(format!("{name}: got {resp:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[tokio::test]
+async fn a_head_response_keeps_its_length_and_has_no_body() {
+    let responses = Arc::new(vec![
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n".to_vec()
+    ]);
+    let addr = backend(responses).await;
+    let up = upkeep(&one_group(&[addr], "")).await;
+    let resp = raw_exchange(
+        up.listeners[0],
+        b"HEAD /0 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_eq!(status_of(&resp), Some(200), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("content-length: 5"),
+        "{resp}"
+    );
+    assert!(
+        resp.ends_with("\r\n\r\n"),
+        "no body after a HEAD head: {resp:?}"
+    );
+}
+
+/// The data of a complete chunked body; `None` if it does not end with its last chunk.
+fn dechunk(mut s: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (line, rest) = s.split_once("\r\n")?;
+        let n = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        if n == 0 {
+            return (rest == "\r\n").then_some(out);
+        }
+        out.push_str(rest.get(..n)?);
+        s = rest.get(n..)?.strip_prefix("\r\n")?;
+    }
+}
