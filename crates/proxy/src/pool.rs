@@ -488,7 +488,7 @@ impl Pool {
                 peer,
                 created: Instant::now(),
                 reused: false,
-                _slot: slot,
+                open: Some(open),
             });
         }
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;

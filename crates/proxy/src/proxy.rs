@@ -989,7 +989,7 @@ fn upstream_response(
     trailers: bool,
 ) -> Response<RespBody> {
     let (mut parts, body) = resp.into_parts();
-    let idle = rewrite_response_head(&mut parts, group, trailers);
+    let idle = rewrite_response_head(&mut parts, group, trailers, conn.is_h2());
     let checkin = Checkin::new(group.pool().clone(), conn, idle);
     Response::from_parts(
         parts,
@@ -999,11 +999,13 @@ fn upstream_response(
 
 /// The upstream's response head made ready for downstream (hop-by-hop fields gone, length
 /// under a transfer coding dropped, trailers announced as agreed); returns how long the
-/// connection may then stay idle in the pool (zero: not reused).
+/// connection may then stay idle in the pool (zero: not reused). `h2`: the upstream spoke HTTP/2
+/// (its gRPC trailers are declared for HTTP/1.1 clients).
 fn rewrite_response_head(
     parts: &mut http::response::Parts,
     group: &Arc<Group>,
     trailers: bool,
+    h2: bool,
 ) -> Duration {
     let close = parts.headers.get_all(header::CONNECTION).iter().any(|v| {
         v.to_str()
@@ -1018,7 +1020,7 @@ fn rewrite_response_head(
     };
     message::drop_length_under_transfer_coding(&mut parts.headers);
     let mut declared = crate::trailers::declared(&parts.headers);
-    if conn.is_h2() {
+    if h2 {
         crate::trailers::declare_grpc(&parts.headers, &mut declared);
     }
     strip_hop_by_hop(&mut parts.headers);
@@ -1128,7 +1130,7 @@ async fn send_own(
     parts.status = head.status;
     parts.version = head.version;
     parts.headers = head.headers;
-    let idle = rewrite_response_head(&mut parts, group, out.trailers);
+    let idle = rewrite_response_head(&mut parts, group, out.trailers, false);
     let idle = if head.keep_alive {
         idle
     } else {
