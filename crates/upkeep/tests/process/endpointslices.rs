@@ -4,37 +4,21 @@
 //! over the lab's control address while the test-support load runs. Peers are read from
 //! `/upstreams`; every request under load must succeed.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::Value;
 use upkeep_test_support::{free_port, get, load, TestBackend};
 
-const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
+use crate::support::{write, Proc, BIN};
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// A fresh directory for one test's files.
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("upkeep-eps-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn write(path: &Path, text: &str) {
-    let mut f = std::fs::File::create(path).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+    crate::support::temp_dir("eps", name)
 }
 
 /// `upkeep lab kube` with Service `apps/app` on `ready`, its API and control addresses.
