@@ -211,6 +211,7 @@ pub(crate) fn has_bare_lf(head: &[u8]) -> bool {
         .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
+/// `v` without the optional whitespace (SP, HTAB) around it (RFC 9110 §5.6.3).
 pub(crate) fn trim_ows(v: &[u8]) -> &[u8] {
     let start = v
         .iter()

@@ -12,6 +12,7 @@
 //! was relayed: the rest is the upgraded protocol's, passed through unchecked) or refused
 //! (the bytes are the next HTTP request, checked as usual). See `crate::upgrade`.
 
+use crate::h1::head::trim_ows;
 use bytes::BytesMut;
 
 /// Bytes handed to hyper in place of a refused message: not a valid request line, so hyper
@@ -356,18 +357,6 @@ fn parse_head(buf: &[u8]) -> Result<HeadStatus, Refused> {
         ));
     }
     Ok(HeadStatus::Complete(n, BodyKind::None, target_len, upgrade))
-}
-
-fn trim_ows(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .map_or(start, |e| e + 1);
-    &v[start..end]
 }
 
 fn chunk_size(line: &[u8]) -> Result<u64, Refused> {
