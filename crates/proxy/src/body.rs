@@ -1,5 +1,6 @@
 //! Request and response bodies: streamed frame by frame, never buffered whole.
 
+pub mod down;
 mod progress;
 mod replay;
 
@@ -18,6 +19,7 @@ use tokio::time::{Instant, Sleep};
 use crate::error::{BoxError, Cut};
 use crate::pool::Checkin;
 
+pub use down::DownBody;
 pub use progress::SendProgress;
 pub use replay::{Replay, REPLAY_LIMIT};
 
@@ -76,7 +78,7 @@ pub enum ReqBody {
 /// The client's body on its way upstream, with its silence timer.
 pub struct StreamBody {
     first: Option<Frame<Bytes>>,
-    rest: Incoming,
+    rest: DownBody,
     seen: Arc<AtomicU64>,
     timeout: Duration,
     silence: Silence,
@@ -90,7 +92,7 @@ impl ReqBody {
     /// of `timeout` inside it fails the body with `ClientBodyTimeout`.
     pub fn stream(
         first: Frame<Bytes>,
-        rest: Incoming,
+        rest: DownBody,
         seen: Arc<AtomicU64>,
         timeout: Duration,
     ) -> Self {
@@ -107,7 +109,7 @@ impl ReqBody {
 
     /// The client's body, none of it read yet, sent only once the upstream asks for it
     /// (`Expect: 100-continue`, see `crate::expect`).
-    pub fn gated(rest: Incoming, seen: Arc<AtomicU64>, timeout: Duration) -> Self {
+    pub fn gated(rest: DownBody, seen: Arc<AtomicU64>, timeout: Duration) -> Self {
         ReqBody::Gated(
             Box::new(StreamBody {
                 first: None,
@@ -197,7 +199,7 @@ impl Body for ReqBody {
         let frame = match s.first.take() {
             Some(f) => Some(Ok(f)),
             None => match Pin::new(&mut s.rest).poll_frame(cx) {
-                Poll::Ready(f) => f.map(|r| r.map_err(BoxError::from)),
+                Poll::Ready(f) => f,
                 Poll::Pending => {
                     s.progress.waiting_for_client();
                     if s.silence.poll_expired(cx, s.timeout) {

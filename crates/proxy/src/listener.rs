@@ -29,6 +29,7 @@ pub use framing::{check_invariants as framing_invariants, Framer, Refused};
 pub use limit::ConnLimit;
 pub use tls::acceptor as tls_acceptor;
 
+use crate::body::DownBody;
 use crate::config::ListenerConfig;
 use crate::proxy::{handle, ConnCtx};
 use crate::state::Shared;
@@ -597,10 +598,10 @@ where
     let conn_ctx = ctx.clone();
     if h2 {
         // Each stream's body is watched for a client that grants no window (send_timeout).
-        let svc = service_fn(move |req| {
+        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let ctx = ctx.clone();
             async move {
-                handle(req, ctx)
+                handle(req.map(DownBody::Hyper), ctx)
                     .await
                     .map(|r| r.map(h2_stall::StallWatch::new))
             }
@@ -615,7 +616,9 @@ where
             .serve_connection(TokioIo::new(io), svc);
         drive(conn, &conn_ctx, &cfg, signals).await;
     } else {
-        let svc = service_fn(move |req| handle(req, ctx.clone()));
+        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            handle(req.map(DownBody::Hyper), ctx.clone())
+        });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(None)

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::access_log::Record;
-use crate::body::{OnDone, ReqBody, RespBody};
+use crate::body::{DownBody, OnDone, ReqBody, RespBody};
 use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
 use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
@@ -53,7 +53,7 @@ pub struct ConnCtx {
 
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
 pub async fn handle(
-    mut req: Request<Incoming>,
+    mut req: Request<DownBody>,
     ctx: Arc<ConnCtx>,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
@@ -384,7 +384,7 @@ impl Outgoing {
 }
 
 async fn forward(
-    req: Request<Incoming>,
+    req: Request<DownBody>,
     ctx: &ConnCtx,
     state: &State,
     bytes_in: &Arc<AtomicU64>,
@@ -593,7 +593,7 @@ struct RouteTimeouts {
 }
 
 /// Whether a request body's declared length (`Content-Length`) is over `max`.
-fn body_declared_over(body: &Incoming, max: u64) -> bool {
+fn body_declared_over(body: &DownBody, max: u64) -> bool {
     body.size_hint().lower() > max
 }
 
@@ -932,23 +932,7 @@ fn client_fault(
     reused: bool,
     written: bool,
 ) -> ProxyError {
-    if client_body_timed_out(&e) {
-        // The client went silent inside its body.
-        count_client_body_timeout(group.metrics());
-        return ProxyError::new(Kind::ClientTimeout)
-            .with_source(e)
-            .on_peer(peer, reused, written);
-    }
-    if body_too_large(&e) {
-        // The route's body limit cut the upload: the client's doing.
-        return ProxyError::new(Kind::BodyTooLarge)
-            .with_source(e)
-            .on_peer(peer, reused, written);
-    }
-    // The client's body failed mid-stream (malformed chunk, client gone).
-    ProxyError::new(Kind::BadRequest)
-        .with_source(e)
-        .on_peer(peer, reused, written)
+    client_fault_boxed(group, Box::new(e), peer, reused, written)
 }
 
 fn count_client_body_timeout(metrics: &crate::metrics::Metrics) {
@@ -960,24 +944,15 @@ fn count_client_body_timeout(metrics: &crate::metrics::Metrics) {
         .inc();
 }
 
-fn body_too_large(e: &hyper::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.is::<crate::body::BodyTooLarge>() {
+/// Whether `e` or an error it wraps is a `T`: the client-body errors `ReqBody` makes keep
+/// their type under hyper's client error and under each `DownBody` variant's.
+fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if c.is::<T>() {
             return true;
         }
-        source = s.source();
-    }
-    false
-}
-
-fn client_body_timed_out(e: &hyper::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.is::<crate::body::ClientBodyTimeout>() {
-            return true;
-        }
-        source = s.source();
+        cur = c.source();
     }
     false
 }
@@ -1143,7 +1118,8 @@ async fn send_own(
     ))
 }
 
-/// Like `client_fault`, for a body error seen by upkeep's own codec.
+/// A body error seen by upkeep's own codec (or wrapped by hyper's client): the client went
+/// silent inside its body, passed the route's body limit, or sent a malformed body or left.
 fn client_fault_boxed(
     group: &Group,
     e: crate::error::BoxError,
@@ -1151,20 +1127,10 @@ fn client_fault_boxed(
     reused: bool,
     written: bool,
 ) -> ProxyError {
-    fn has<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
-        let mut cur = Some(e);
-        while let Some(c) = cur {
-            if c.is::<T>() {
-                return true;
-            }
-            cur = c.source();
-        }
-        false
-    }
-    let kind = if has::<crate::body::ClientBodyTimeout>(&*e) {
+    let kind = if caused_by::<crate::body::ClientBodyTimeout>(&*e) {
         count_client_body_timeout(group.metrics());
         Kind::ClientTimeout
-    } else if has::<crate::body::BodyTooLarge>(&*e) {
+    } else if caused_by::<crate::body::BodyTooLarge>(&*e) {
         Kind::BodyTooLarge
     } else {
         Kind::BadRequest
