@@ -1,7 +1,8 @@
-//! Shared helpers for the proxy's integration tests.
+//! Shared helpers for the proxy's integration tests (`tests/proxy/` and `tests/streaming.rs`).
 #![allow(dead_code)]
 
 pub mod h2;
+pub mod raw;
 
 use std::path::Path;
 

@@ -2,15 +2,14 @@
 //! them, h2c on both sides. Unary and the three streaming kinds, a failing call's status and
 //! trailing metadata, upkeep's own failures as gRPC errors (UNAVAILABLE, DEADLINE_EXCEEDED).
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
-use support::{one_group, upkeep};
+
+use crate::support::{one_group, upkeep};
 
 fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

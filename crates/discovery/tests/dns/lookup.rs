@@ -1,13 +1,11 @@
 //! The resolver against a real (fake) DNS on loopback: every answer maps to its outcome.
 
-#[path = "support/fixture.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::*;
 use upkeep_discovery::{Outcome, Resolver};
 use upkeep_fakedns::{Mode, Transport, Zone};
+
+use crate::support::*;
 
 #[tokio::test]
 async fn lookup_maps_each_mode_to_its_outcome() {

@@ -1,16 +1,15 @@
 //! HTTPS upstreams end to end: nginx as the TLS backend on a loopback port, certificates from a
 //! test CA made here, upkeep in-process in front of it.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{metric, upkeep};
 use upkeep_test_support::get;
+
+use crate::support::{metric, upkeep};
 
 /// The name on nginx's certificate and the SNI upkeep must send.
 const NAME: &str = "backend.upkeep.test";

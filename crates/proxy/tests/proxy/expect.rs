@@ -5,8 +5,6 @@
 //! The refusals are 401 and 413: on a 417 curl sends the request again (and again, when the
 //! `Expect` header is its user's), which is curl's reading of 417, not the relay under test.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -15,6 +13,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::support;
 
 const BACKEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/expect/backend.py");
 

@@ -2,8 +2,6 @@
 //! `POST /reload` needs the bearer token, and admin connections that are bounded in number
 //! and in how long they may take to send a request head.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,6 +11,8 @@ use tokio::net::TcpStream;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::server::{start_with, Running};
 use upkeep_test_support::{get, raw_exchange, TestBackend};
+
+use crate::support;
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("upkeep-admin-{name}-{}", std::process::id()));

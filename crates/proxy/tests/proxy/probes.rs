@@ -1,13 +1,12 @@
 //! Readiness follows required groups only; optional groups degrade visibly; active checks
 //! take a failing peer out and bring it back.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{metric, upkeep};
 use upkeep_test_support::fakedns::{FakeDns, Mode, Zone};
 use upkeep_test_support::{get, TestBackend};
+
+use crate::support::{self, metric, upkeep};
 
 async fn two_groups(
     search_required: bool,

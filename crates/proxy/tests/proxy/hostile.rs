@@ -2,18 +2,17 @@
 //! still logged and counted, clients that leave early, a group that is known to be down,
 //! path tricks and forged forwarding headers.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::Method;
-use support::{metric, one_group, upkeep};
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::{start_with, Running};
 use upkeep_test_support::load::open_loop;
 use upkeep_test_support::{get, raw_exchange, TestBackend};
+
+use crate::support::{metric, one_group, upkeep};
 
 fn temp_file(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("upkeep-hostile-{}", std::process::id()));

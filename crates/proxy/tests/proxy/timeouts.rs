@@ -1,7 +1,5 @@
 //! Slow clients and slow upstreams are bounded.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,12 +8,13 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
-use support::{metric, one_group, upkeep};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::server::start_with;
 use upkeep_test_support::{get, send, TestBackend};
+
+use crate::support::{metric, one_group, upkeep};
 
 fn with_listener_settings(cfg: String, settings: &str) -> String {
     cfg.replacen(

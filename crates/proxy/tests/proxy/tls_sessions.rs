@@ -2,8 +2,6 @@
 //! by every serving thread, so a session resumes on whichever thread the next connection
 //! lands; stateless session tickets; the server's cipher-suite order.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -17,11 +15,12 @@ use rustls::client::Resumption;
 use rustls::crypto::ring::{cipher_suite, default_provider};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{HandshakeKind, SupportedProtocolVersion};
-use support::one_group;
 use tokio::net::TcpStream;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::server::{start_workers, Running};
 use upkeep_test_support::TestBackend;
+
+use crate::support::one_group;
 
 struct Tls {
     up: Running,

@@ -2,16 +2,15 @@
 //! between is never kept out by its own history of blips while the other one stalls
 //! (bench/soak.sh's fault cycle, scaled down).
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::Method;
-use support::{metric, upkeep};
 use tokio::net::TcpListener;
 use upkeep_test_support::load::open_loop;
 use upkeep_test_support::{free_port, get, TestBackend};
+
+use crate::support::{self, metric, upkeep};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

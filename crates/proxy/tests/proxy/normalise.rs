@@ -1,10 +1,6 @@
 //! Version and header normalisation between the two sides (rules V1, H4, K1, T1 of
 //! `normalize/rules.md`), asserted on the wire with real clients and servers.
 
-#[path = "support/raw.rs"]
-mod raw;
-mod support;
-
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -12,11 +8,12 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use raw::{exchange, RawBackend, OK};
-use support::{one_group, upkeep};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::Command;
+
+use crate::support::raw::{exchange, RawBackend, OK};
+use crate::support::{one_group, upkeep};
 
 /// Python's own HTTP/1.0 server (`python3 -m http.server`) on a port of its choosing,
 /// serving `dir`; stopped when the handle drops.

@@ -1,16 +1,15 @@
 //! The incidents' faults (docs/incidents.md) against upkeep, at reduced rates and shortened timings: every row of
 //! the anchor table must cost 0 errors.
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::Method;
-use support::{metric, upkeep};
 use upkeep_test_support::fakedns::{FakeDns, Mode, Zone};
 use upkeep_test_support::load::open_loop;
 use upkeep_test_support::{free_port, get, KeepAlive, TestBackend};
+
+use crate::support::{self, metric, upkeep};
 
 const NAME: &str = "app.upkeep.test";
 

@@ -2,8 +2,6 @@
 //! `websockets` package on both sides (`tests/upgrade/*.py`), Node's HTTP/2 client for
 //! RFC 8441. Covers docs/protocols.md "WebSocket and other upgrades".
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -16,6 +14,8 @@ use tokio::process::{Child, Command};
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::{start_with, Control, Running};
+
+use crate::support;
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
 

@@ -2,16 +2,15 @@
 //! each ambiguous response shape, and the client sees it refused (502 with its cause) or
 //! normalised, never passed through.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use support::{one_group, upkeep};
 use upkeep_test_support::raw_exchange;
+
+use crate::support::{one_group, upkeep};
 
 /// What the client must see.
 #[derive(Clone, Copy)]

@@ -2,8 +2,6 @@
 //! health and panic state; only what the new config removes goes away (docs/config.md,
 //! "Reload").
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

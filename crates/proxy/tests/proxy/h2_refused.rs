@@ -2,19 +2,18 @@
 //! such as an invalid `:authority`) are access-logged and counted like HTTP/1 refusals. The
 //! client speaks raw frames: well-behaved h2 clients cannot be made to send these.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::metric;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::{start_with, Running};
 use upkeep_test_support::TestBackend;
+
+use crate::support::{self, metric};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEADERS: u8 = 0x1;

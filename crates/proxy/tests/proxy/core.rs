@@ -1,11 +1,10 @@
 //! Routing, header rewriting, pooling and probes, end to end over loopback.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{metric, one_group, upkeep};
 use upkeep_test_support::{get, TestBackend};
+
+use crate::support::{metric, one_group, upkeep};
 
 #[tokio::test]
 async fn routes_by_host_and_longest_prefix_and_refuses_unrouted_with_no_route() {

@@ -1,17 +1,16 @@
 //! HTTP/2 (prior knowledge) and TLS (ALPN h2 and http/1.1) end to end.
 
-mod support;
-
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::{one_group, upkeep};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::{self, pki_types::ServerName};
 use upkeep_test_support::TestBackend;
+
+use crate::support::{one_group, upkeep};
 
 #[tokio::test]
 async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {

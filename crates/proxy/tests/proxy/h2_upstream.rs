@@ -2,8 +2,6 @@
 //! requests, GOAWAY-refused streams sent again on a fresh connection, `grpc-timeout` as a
 //! deadline, trailers, ALPN over TLS, and failures classified like HTTP/1.1 ones.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,12 +10,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use support::h2::{h2_client, GoawayBackend, H2Backend};
-use support::{metric, one_group, upkeep};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
 use upkeep_test_support::{get, send, TestBackend};
+
+use crate::support::h2::{h2_client, GoawayBackend, H2Backend};
+use crate::support::{self, metric, one_group, upkeep};
 
 const HTTP2: &str = "protocol = \"http2\"\n";
 

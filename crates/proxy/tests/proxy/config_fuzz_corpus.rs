@@ -2,7 +2,7 @@
 //! every prefix and a spread of byte substitutions of each file, against the same invariants
 //! as the `config_load` fuzz target: never a panic, problems positioned inside the input.
 
-#[path = "../../../fuzz/fuzz_targets/config_check.rs"]
+#[path = "../../../../fuzz/fuzz_targets/config_check.rs"]
 mod config_check;
 
 use std::path::Path;

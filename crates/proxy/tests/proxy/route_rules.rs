@@ -3,21 +3,18 @@
 //! per-route timeouts, and config errors with their positions. Headers are asserted exactly
 //! as they arrive on the wire, at the backend and at the client.
 
-#[path = "support/raw.rs"]
-mod raw;
-mod support;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use raw::{exchange, RawBackend, OK};
-use support::{metric, upkeep};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::start_with;
 use upkeep_test_support::TestBackend;
+
+use crate::support::raw::{exchange, RawBackend, OK};
+use crate::support::{metric, upkeep};
 
 fn config(backend: std::net::SocketAddr, routes: &str) -> String {
     format!(

@@ -1,16 +1,14 @@
 //! The discovery policy on the wire: a fake DNS on loopback switches modes under a live
 //! watch, and the published addresses obey the invariants in docs/discovery.md.
 
-#[path = "support/fixture.rs"]
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::*;
 use upkeep_discovery::{Outcome, Policy, StaleGrace};
 use upkeep_fakedns::{Mode, Zone};
+
+use crate::support::*;
 
 async fn negative_keeps_last_known_good(mode: Mode, label: &str, answer: &str) {
     let mut rig = rig(

@@ -3,8 +3,6 @@
 //! closed once its peak has decayed, and `max_idle_per_peer` counted per peer across serving
 //! threads.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -13,11 +11,12 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use support::{metric, one_group, upkeep};
 use tokio::net::TcpStream;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::server::{start_workers, Running};
 use upkeep_test_support::{get, TestBackend};
+
+use crate::support::{metric, one_group, upkeep};
 
 /// upkeep with `workers` serving threads, as `upkeep serve --workers N` runs it.
 async fn upkeep_workers(toml: &str, workers: usize) -> Running {

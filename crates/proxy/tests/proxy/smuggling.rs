@@ -1,11 +1,10 @@
 //! Malformed and smuggling-shaped requests are answered 400/431 and never reach the upstream.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{one_group, upkeep};
 use upkeep_test_support::{raw_exchange, TestBackend};
+
+use crate::support::{one_group, upkeep};
 
 /// (name, raw request, expected status)
 fn cases() -> Vec<(&'static str, Vec<u8>, u16)> {

@@ -1,13 +1,12 @@
 //! Resource limits: connections per listener, connections per peer.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::{metric, one_group, upkeep};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use upkeep_test_support::{get, raw_exchange, TestBackend};
+
+use crate::support::{metric, one_group, upkeep};
 
 fn with_listener_settings(cfg: String, settings: &str) -> String {
     cfg.replacen(
