@@ -39,6 +39,9 @@ pub enum Cause {
     ClientTimeout,
     /// The request body is larger than the route's `max_body_bytes` (413).
     BodyTooLarge,
+    /// An upgrade (WebSocket) routed to an HTTP/2 peer that does not take RFC 8441 extended
+    /// CONNECT and cannot be reached over HTTP/1.1 (502).
+    UpstreamNoUpgrade,
 }
 
 /// Why a response body was cut after its head was sent (access log `cause`, metrics).
@@ -87,6 +90,7 @@ impl Cause {
             Cause::UpstreamTls => "upstream_tls",
             Cause::ClientTimeout => "client_timeout",
             Cause::BodyTooLarge => "body_too_large",
+            Cause::UpstreamNoUpgrade => "upstream_no_upgrade",
         }
     }
 
@@ -96,7 +100,10 @@ impl Cause {
         match self {
             Cause::NoRoute => S::NOT_FOUND,
             Cause::NoPeers | Cause::RetryBudget | Cause::Overloaded => S::SERVICE_UNAVAILABLE,
-            Cause::ConnectFailed | Cause::UpstreamReset | Cause::UpstreamTls => S::BAD_GATEWAY,
+            Cause::ConnectFailed
+            | Cause::UpstreamReset
+            | Cause::UpstreamTls
+            | Cause::UpstreamNoUpgrade => S::BAD_GATEWAY,
             Cause::UpstreamTimeout => S::GATEWAY_TIMEOUT,
             Cause::BadRequest => S::BAD_REQUEST,
             Cause::HeaderTooLarge => S::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -163,6 +170,9 @@ pub(crate) enum Kind {
     BodyTooLarge,
     /// The upstream's response head was malformed or ambiguous (refused, never passed on).
     BadResponse,
+    /// The peer speaks HTTP/2 without extended CONNECT and no HTTP/1.1 to it is possible:
+    /// an upgrade cannot be carried. Not a failure of the peer.
+    NoUpgrade,
 }
 
 /// A classified proxy failure.
@@ -216,6 +226,7 @@ impl ProxyError {
             Kind::ClientTimeout => Cause::ClientTimeout,
             Kind::PeerFull => Cause::Overloaded,
             Kind::BodyTooLarge => Cause::BodyTooLarge,
+            Kind::NoUpgrade => Cause::UpstreamNoUpgrade,
         }
     }
 
@@ -240,7 +251,11 @@ impl ProxyError {
     pub fn is_peer_blameless(&self) -> bool {
         matches!(
             self.kind,
-            Kind::BadRequest | Kind::ClientTimeout | Kind::PeerFull | Kind::BodyTooLarge
+            Kind::BadRequest
+                | Kind::ClientTimeout
+                | Kind::PeerFull
+                | Kind::BodyTooLarge
+                | Kind::NoUpgrade
         )
     }
 

@@ -77,7 +77,8 @@ pub fn code(cause: Cause) -> Code {
         | Cause::UpstreamReset
         | Cause::RetryBudget
         | Cause::Overloaded
-        | Cause::UpstreamTls => Code::Unavailable,
+        | Cause::UpstreamTls
+        | Cause::UpstreamNoUpgrade => Code::Unavailable,
     }
 }
 

@@ -6,6 +6,7 @@
 //! between requests instead (`h2`).
 
 pub mod h2;
+mod h2_settings;
 mod io;
 mod load;
 pub mod tls;
@@ -193,6 +194,14 @@ impl Conn {
     pub(crate) fn wire_mut(&mut self) -> Option<&mut crate::h1::OwnWire> {
         match &mut self.sender {
             Sender::Own(Some(w)) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// The stream of a shared HTTP/2 connection this is, if it is one.
+    pub(crate) fn h2_stream(&self) -> Option<&Stream> {
+        match &self.sender {
+            Sender::H2(s) => Some(s),
             _ => None,
         }
     }
@@ -422,6 +431,35 @@ impl Pool {
         until: Instant,
         own: bool,
     ) -> Result<Conn, ConnectError> {
+        self.connect_via(peer, timeout, until, own, self.tls.as_ref())
+            .await
+    }
+
+    /// A fresh HTTP/1.1 connection to `peer` of an `auto` group over TLS (ALPN offers only
+    /// `http/1.1`), never pooled: for an upgrade the peer's HTTP/2 side cannot carry
+    /// (`crate::upgrade`).
+    pub(crate) async fn connect_http1(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Conn, ConnectError> {
+        let tls = self
+            .tls
+            .as_ref()
+            .map(|t| t.with_alpn(vec![b"http/1.1".to_vec()]));
+        let until = Instant::now() + timeout;
+        self.connect_via(peer, timeout, until, false, tls.as_ref())
+            .await
+    }
+
+    async fn connect_via(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+        until: Instant,
+        own: bool,
+        tls: Option<&ClientTls>,
+    ) -> Result<Conn, ConnectError> {
         let open = self
             .loads
             .open(peer, self.cfg.max_connections_per_peer)
@@ -432,7 +470,7 @@ impl Pool {
         };
         stream.set_nodelay(true)?;
         let peeker = Peeker::new(&stream)?;
-        let (transport, h2) = match &self.tls {
+        let (transport, h2) = match tls {
             None => (
                 Transport::Plain(stream),
                 self.protocol == UpstreamProtocol::Http2,
@@ -453,6 +491,8 @@ impl Pool {
         };
         let (io, counters) = SharedIo::new(transport);
         if h2 {
+            let (connect_protocol, connect_protocol_rx) = tokio::sync::watch::channel(None);
+            let io = self::h2_settings::SettingsWatch::new(io, connect_protocol);
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(self.cfg.http2_keepalive_interval)
@@ -472,7 +512,7 @@ impl Pool {
             self.metrics.pool_event("new");
             let stream = self.h2.insert(
                 peer,
-                self::h2::Shared::new(sender, self.tls.is_some(), max_streams),
+                self::h2::Shared::new(sender, self.tls.is_some(), max_streams, connect_protocol_rx),
             );
             return Ok(Conn {
                 counters,

@@ -8,9 +8,15 @@
 //! after an upgrade request until the handler says how it ended ([`ConnUpgrade::decide`]),
 //! and once hyper has written the `101` the connection's task runs the tunnel in place of
 //! HTTP. Over HTTP/2 (RFC 8441 extended CONNECT) the tunnel is one stream; see `h2`.
+//!
+//! Upstream, a group whose peer connection is HTTP/2 gets the upgrade as an extended CONNECT
+//! when the peer enables it (`upstream_h2`); an `auto` group whose peer does not is reached
+//! over a fresh HTTP/1.1 connection instead, and an `http2` group answers
+//! `upstream_no_upgrade`.
 
 mod h2;
 mod tunnel;
+mod upstream_h2;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -25,6 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::body::{OnDone, ReqBody, RespBody};
+use crate::config::UpstreamProtocol;
 use crate::error::{Kind, NoPeersReason, ProxyError};
 use crate::headers::strip_hop_by_hop;
 use crate::pool::ConnectError;
@@ -173,14 +180,6 @@ pub(crate) async fn forward(
         return Err(ProxyError::new(Kind::NoPeers(NoPeersReason::AllDown)));
     }
     let deadline = Instant::now() + cfg.deadline;
-    let mut headers = f.headers;
-    let (method, protocol) = if want.h2 {
-        h2::to_http1(&mut headers, &want.protocol)
-    } else {
-        (f.method.clone(), want.protocol.clone())
-    };
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, protocol);
     let mut tried: Vec<SocketAddr> = Vec::new();
     let mut last: Option<ProxyError> = None;
     let (peer, mut conn) = loop {
@@ -224,11 +223,43 @@ pub(crate) async fn forward(
             }
         }
     };
-    let mut req = Request::new(ReqBody::Empty);
-    *req.method_mut() = method;
-    *req.uri_mut() = f.uri;
-    *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = headers;
+    let via_h2 = match conn.h2_stream() {
+        None => false,
+        Some(stream) => {
+            // A connection just opened has not heard the peer's SETTINGS yet.
+            let wait = cfg
+                .connect_timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            let enabled = stream.extended_connect(wait).await == Some(true);
+            if !enabled {
+                conn = http1_instead(group, &peer, deadline).await?;
+            }
+            enabled
+        }
+    };
+    let mut headers = f.headers;
+    // Sec-WebSocket-Accept for an HTTP/1.1 client whose upgrade goes as an extended CONNECT.
+    let mut accept = None;
+    let req = if via_h2 {
+        let https = conn.h2_stream().is_some_and(|s| s.https());
+        let (req, a) = upstream_h2::extended_connect(f.uri, headers, &want.protocol, https);
+        accept = a;
+        req
+    } else {
+        let (method, protocol) = if want.h2 {
+            h2::to_http1(&mut headers, &want.protocol)
+        } else {
+            (f.method.clone(), want.protocol.clone())
+        };
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol);
+        let mut req = Request::new(ReqBody::Empty);
+        *req.method_mut() = method;
+        *req.uri_mut() = f.uri;
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = headers;
+        req
+    };
     let sent_at = Instant::now();
     let due = (sent_at + cfg.try_timeout).min(deadline);
     let in_flight = peer.start_request();
@@ -251,12 +282,19 @@ pub(crate) async fn forward(
         Ok(Ok(r)) => r,
     };
     group.record_success(&peer, sent_at);
-    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+    // An extended CONNECT is accepted with a 200 (RFC 8441 §5), an HTTP/1.1 upgrade with a 101.
+    let switched = if via_h2 {
+        StatusCode::OK
+    } else {
+        StatusCode::SWITCHING_PROTOCOLS
+    };
+    if resp.status() != switched {
         // Refused: relayed as it is; the connection is not pooled (it carried an upgrade
         // request, and the backend may still switch its side).
         tracing::debug!(peer.addr = %peer.addr(), status = resp.status().as_u16(), "upgrade refused by the upstream");
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        parts.version = crate::normalize::message::DOWNSTREAM_VERSION;
         return Ok(Response::from_parts(
             parts,
             RespBody::upstream(body, None, cfg.read_timeout),
@@ -268,7 +306,14 @@ pub(crate) async fn forward(
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     let mut out = Response::new(RespBody::empty());
-    if want.h2 {
+    if via_h2 && want.h2 {
+        // HTTP/2 on both sides: the peer's 200 is the client's.
+        headers.remove(header::CONTENT_LENGTH);
+        *out.status_mut() = StatusCode::OK;
+    } else if via_h2 {
+        *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        upstream_h2::to_http1_switch(&mut headers, want.protocol.clone(), accept);
+    } else if want.h2 {
         // RFC 8441 §5: the stream is the tunnel; a 200 says so (no Upgrade, no 101).
         h2::from_http1(&mut headers);
         *out.status_mut() = StatusCode::OK;
@@ -293,6 +338,43 @@ pub(crate) async fn forward(
     out.extensions_mut()
         .insert(Pending(Arc::new(Mutex::new(Some(tunnel)))));
     Ok(out)
+}
+
+/// The peer's HTTP/2 connection does not take extended CONNECT: an `auto` group over TLS asks
+/// the peer for HTTP/1.1 on a fresh connection (ALPN offering only `http/1.1`); an `http2`
+/// group cannot carry the upgrade (`upstream_no_upgrade`).
+async fn http1_instead(
+    group: &Group,
+    peer: &Peer,
+    deadline: Instant,
+) -> Result<crate::pool::Conn, ProxyError> {
+    let cfg = group.config();
+    let addr = peer.addr();
+    if cfg.protocol != UpstreamProtocol::Auto {
+        tracing::debug!(peer.addr = %addr, "upgrade: the HTTP/2 peer does not enable extended CONNECT");
+        return Err(ProxyError::new(Kind::NoUpgrade)
+            .with_source("the peer's HTTP/2 SETTINGS do not enable extended CONNECT (RFC 8441)")
+            .on_peer(addr, false, false));
+    }
+    let timeout = cfg
+        .connect_timeout
+        .min(deadline.saturating_duration_since(Instant::now()));
+    match group.pool().connect_http1(addr, timeout).await {
+        Ok(c) => Ok(c),
+        Err(ConnectError::Full(n)) => Err(ProxyError::new(Kind::PeerFull)
+            .with_source(ConnectError::Full(n))
+            .on_peer(addr, false, false)),
+        Err(e @ ConnectError::Timeout(_)) => Err(ProxyError::new(Kind::ConnectTimeout)
+            .with_source(e)
+            .on_peer(addr, false, false)),
+        // It just spoke TLS with the same peer: a refusal now is of `http/1.1` itself.
+        Err(e @ ConnectError::Tls(_)) => Err(ProxyError::new(Kind::NoUpgrade)
+            .with_source(e)
+            .on_peer(addr, false, false)),
+        Err(e) => Err(ProxyError::new(Kind::Connect)
+            .with_source(e)
+            .on_peer(addr, false, false)),
+    }
 }
 
 /// Called by the handler with the response about to go out: reports the outcome of a

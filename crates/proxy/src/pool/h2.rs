@@ -18,6 +18,7 @@ use std::time::Duration;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Uri};
 use hyper::client::conn::http2;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::body::ReqBody;
@@ -25,6 +26,9 @@ use crate::body::ReqBody;
 /// One shared HTTP/2 connection; clones are handles on the same connection.
 #[derive(Clone)]
 pub(crate) struct Shared {
+    /// The peer's `SETTINGS_ENABLE_CONNECT_PROTOCOL` (RFC 8441 §3): `None` until its first
+    /// SETTINGS frame has been read (`h2_settings`).
+    connect_protocol: watch::Receiver<Option<bool>>,
     pub(crate) sender: http2::SendRequest<ReqBody>,
     /// Requests in flight on this connection through upkeep (until their response body ends).
     streams: Arc<AtomicUsize>,
@@ -73,6 +77,18 @@ impl Stream {
     pub(crate) fn retire(&self) {
         self.shared.retired.store(true, Ordering::Relaxed);
     }
+
+    /// Whether the peer announced `SETTINGS_ENABLE_CONNECT_PROTOCOL` (RFC 8441), waiting up
+    /// to `wait` for its first SETTINGS on a connection just opened. `None`: no SETTINGS in
+    /// time.
+    pub(crate) async fn extended_connect(&self, wait: Duration) -> Option<bool> {
+        let mut rx = self.shared.connect_protocol.clone();
+        let seen = tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await;
+        match seen {
+            Ok(Ok(v)) => *v,
+            _ => None,
+        }
+    }
 }
 
 impl Shared {
@@ -80,8 +96,10 @@ impl Shared {
         sender: http2::SendRequest<ReqBody>,
         https: bool,
         max_streams: Arc<AtomicUsize>,
+        connect_protocol: watch::Receiver<Option<bool>>,
     ) -> Self {
         Self {
+            connect_protocol,
             https,
             max_streams,
             sender,

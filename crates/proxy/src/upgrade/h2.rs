@@ -47,7 +47,7 @@ pub(super) fn from_http1(headers: &mut HeaderMap) {
 }
 
 /// Standard base64 with padding (RFC 4648 §4), for the 16-byte key.
-fn base64(data: &[u8]) -> String {
+pub(super) fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {

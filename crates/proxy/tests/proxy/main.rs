@@ -34,3 +34,4 @@ mod smuggling;
 mod timeouts;
 mod tls_sessions;
 mod upgrade;
+mod upgrade_h2;
