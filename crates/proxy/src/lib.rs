@@ -11,6 +11,7 @@ pub mod error;
 pub mod expect;
 pub mod grpc;
 pub mod h1;
+mod h2server;
 pub mod headers;
 pub mod limits;
 pub mod listener;

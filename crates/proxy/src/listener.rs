@@ -3,7 +3,7 @@
 
 mod framing;
 mod h2_resets;
-mod h2_stall;
+pub(crate) mod h2_stall;
 mod limit;
 mod tls;
 
@@ -574,16 +574,12 @@ where
     }
 }
 
-impl<I, S, E> GracefulConn for hyper::server::conn::http2::Connection<I, S, E>
+impl<I> GracefulConn for crate::h2server::H2Conn<I>
 where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
-    S: hyper::service::HttpService<hyper::body::Incoming>,
-    S::ResBody: http_body::Body + 'static,
-    <S::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+    I: AsyncRead + AsyncWrite + Unpin,
 {
     fn graceful(self: Pin<&mut Self>) {
-        self.graceful_shutdown();
+        self.get_mut().graceful_shutdown();
     }
 }
 
@@ -597,23 +593,9 @@ where
     let io = Guarded::new(io, framer, prefix, activity.clone(), cfg.send_timeout);
     let conn_ctx = ctx.clone();
     if h2 {
-        // Each stream's body is watched for a client that grants no window (send_timeout).
-        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let ctx = ctx.clone();
-            async move {
-                handle(req.map(DownBody::Hyper), ctx)
-                    .await
-                    .map(|r| r.map(h2_stall::StallWatch::new))
-            }
-        });
+        // Each stream's task is watched for a client that grants no window (send_timeout).
         let exec = h2_stall::StreamExec::new(cfg.send_timeout, conn_ctx.shared.clone());
-        let conn = hyper::server::conn::http2::Builder::new(exec)
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(Duration::from_secs(60)))
-            .max_header_list_size(cfg.max_header_bytes.min(u32::MAX as usize) as u32)
-            // RFC 8441: WebSocket over a stream (crate::upgrade).
-            .enable_connect_protocol()
-            .serve_connection(TokioIo::new(io), svc);
+        let conn = crate::h2server::H2Conn::new(io, ctx, exec);
         drive(conn, &conn_ctx, &cfg, signals).await;
     } else {
         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {

@@ -95,7 +95,7 @@ pub(crate) struct Wanted {
     /// The `Upgrade` value to send upstream (`websocket`).
     protocol: HeaderValue,
     /// Where the downstream side of the tunnel comes from.
-    downstream: OnUpgrade,
+    downstream: tunnel::Downstream,
     /// RFC 8441 extended CONNECT over HTTP/2: answered `200`, spoken upstream as HTTP/1.1.
     h2: bool,
 }
@@ -135,7 +135,7 @@ impl Wanted {
         if protocol.is_empty() {
             return None;
         }
-        let downstream = extensions.remove::<OnUpgrade>()?;
+        let downstream = tunnel::Downstream::Hyper(extensions.remove::<OnUpgrade>()?);
         Some(Wanted {
             protocol,
             downstream,

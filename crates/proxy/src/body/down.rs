@@ -8,13 +8,16 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::error::BoxError;
 
-/// A downstream request body: hyper's (HTTP/2, and HTTP/1 connections handed to hyper) or
-/// one read by upkeep's own HTTP/1 server (`crate::h1::server`).
+/// A downstream request body: hyper's (HTTP/1 connections handed to hyper), one read by
+/// upkeep's own HTTP/1 server (`crate::h1::server`), or a stream of upkeep's HTTP/2 server
+/// (`crate::h2server`).
 pub enum DownBody {
     /// Read by hyper's server.
     Hyper(hyper::body::Incoming),
     /// Read by upkeep's own server.
     Own(OwnBody),
+    /// An HTTP/2 stream's DATA and trailers.
+    H2(crate::h2server::H2Body),
 }
 
 /// Where an own server's request body comes from: the connection it arrived on.
@@ -56,6 +59,9 @@ impl Body for DownBody {
                 .map(|f| f.map(|r| r.map_err(BoxError::from))),
             DownBody::Own(OwnBody(None)) => Poll::Ready(None),
             DownBody::Own(OwnBody(Some(s))) => s.poll_frame(cx),
+            DownBody::H2(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(BoxError::from))),
         }
     }
 
@@ -64,6 +70,7 @@ impl Body for DownBody {
             DownBody::Hyper(b) => b.is_end_stream(),
             DownBody::Own(OwnBody(None)) => true,
             DownBody::Own(OwnBody(Some(s))) => s.is_end_stream(),
+            DownBody::H2(b) => b.is_end_stream(),
         }
     }
 
@@ -72,6 +79,7 @@ impl Body for DownBody {
             DownBody::Hyper(b) => b.size_hint(),
             DownBody::Own(OwnBody(None)) => SizeHint::with_exact(0),
             DownBody::Own(OwnBody(Some(s))) => s.size_hint(),
+            DownBody::H2(b) => b.size_hint(),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! HTTP/2 streams refused below the handler. The h2 codec resets a stream itself when it
 //! is over `max_concurrent_streams` (REFUSED_STREAM) or its head is malformed, an invalid
-//! `:authority` among them (PROTOCOL_ERROR); hyper never shows those streams to upkeep. The
+//! `:authority` among them (PROTOCOL_ERROR); upkeep's server never sees those streams. The
 //! server's outgoing frames are watched for such resets, so each is access-logged and
 //! counted like an HTTP/1 refusal. Only frame headers are read; payloads are skipped by
 //! length, except the four bytes of a RST_STREAM's error code.

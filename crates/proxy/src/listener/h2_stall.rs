@@ -1,6 +1,7 @@
 //! `send_timeout` for HTTP/2 streams. A client that stops granting flow-control window
 //! stalls a stream without ever blocking a socket write, so the connection's send timer
-//! never sees it: hyper simply stops asking the response body for more. Each stream's task
+//! never sees it: the stream's task (`crate::h2server`) simply stops asking the response body
+//! for more. Each stream's task
 //! is therefore spawned through [`StreamExec`], which knows when its body last handed over
 //! data that has not been taken since; after `send_timeout` of that the task is dropped,
 //! and h2 resets the stream (CANCEL) while the connection and its other streams go on.

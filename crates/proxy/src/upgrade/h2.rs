@@ -21,7 +21,11 @@ pub(super) fn wanted(method: &Method, extensions: &mut http::Extensions) -> Opti
     }
     let protocol = extensions.get::<hyper::ext::Protocol>()?;
     let protocol = HeaderValue::from_str(protocol.as_str()).ok()?;
-    let downstream = extensions.remove::<OnUpgrade>()?;
+    // hyper's pending upgrade, or the stream of upkeep's own HTTP/2 server.
+    let downstream = match extensions.remove::<OnUpgrade>() {
+        Some(on) => super::tunnel::Downstream::Hyper(on),
+        None => super::tunnel::Downstream::H2(extensions.remove::<crate::h2server::H2Pending>()?),
+    };
     Some(Wanted {
         protocol,
         downstream,

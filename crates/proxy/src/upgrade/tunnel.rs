@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::body::OnDone;
-use crate::error::Cut;
+use crate::error::{BoxError, Cut};
 use crate::metrics::{GaugeGuard, Metrics};
 use crate::pool::Conn;
 
@@ -25,9 +25,24 @@ const HANDOVER: Duration = Duration::from_secs(10);
 /// line is written before the process exits.
 const SHUTDOWN_MARGIN: Duration = Duration::from_millis(100);
 
+/// Where the client's side of a tunnel comes from: hyper's HTTP/1 connection after the
+/// `101`, or an HTTP/2 stream of upkeep's server after the `200` (RFC 8441).
+pub(crate) enum Downstream {
+    /// hyper hands the connection over.
+    Hyper(OnUpgrade),
+    /// The stream's task hands the stream over.
+    H2(crate::h2server::H2Pending),
+}
+
+/// The client's side, handed over.
+enum DownIo {
+    Hyper(Upgraded),
+    H2(crate::h2server::H2Upgraded),
+}
+
 /// An upgraded connection waiting to run.
 pub struct Tunnel {
-    downstream: OnUpgrade,
+    downstream: Downstream,
     upstream: OnUpgrade,
     /// Holds the upstream connection's place under `max_connections_per_peer`.
     _conn: Conn,
@@ -63,7 +78,7 @@ impl End {
 impl Tunnel {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        downstream: OnUpgrade,
+        downstream: Downstream,
         upstream: OnUpgrade,
         conn: Conn,
         idle: Duration,
@@ -103,12 +118,18 @@ impl Tunnel {
         let _open = GaugeGuard::new(&self.metrics.upgraded.open);
         let bytes_out = AtomicU64::new(0);
         let handover = async {
-            let down = (&mut self.downstream).await?;
+            let down = match &mut self.downstream {
+                Downstream::Hyper(on) => DownIo::Hyper(on.await?),
+                Downstream::H2(pending) => DownIo::H2(pending.upgraded().await?),
+            };
             let up = (&mut self.upstream).await?;
-            Ok::<_, hyper::Error>((down, up))
+            Ok::<_, BoxError>((down, up))
         };
         let end = match tokio::time::timeout(HANDOVER, handover).await {
-            Ok(Ok((down, up))) => self.carry(down, up, &bytes_out).await,
+            Ok(Ok((DownIo::Hyper(down), up))) => {
+                self.carry(TokioIo::new(down), up, &bytes_out).await
+            }
+            Ok(Ok((DownIo::H2(down), up))) => self.carry(down, up, &bytes_out).await,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "upgrade: handover failed");
                 End::Error
@@ -140,10 +161,13 @@ impl Tunnel {
         }
     }
 
-    async fn carry(&mut self, down: Upgraded, up: Upgraded, bytes_out: &AtomicU64) -> End {
+    async fn carry<D>(&mut self, down: D, up: Upgraded, bytes_out: &AtomicU64) -> End
+    where
+        D: AsyncRead + AsyncWrite,
+    {
         let epoch = Instant::now();
         let last = AtomicU64::new(0);
-        let (mut dr, mut dw) = tokio::io::split(TokioIo::new(down));
+        let (mut dr, mut dw) = tokio::io::split(down);
         let (mut ur, mut uw) = tokio::io::split(TokioIo::new(up));
         let metrics_in = self.metrics.upgraded.bytes_of("in");
         let metrics_out = self.metrics.upgraded.bytes_of("out");

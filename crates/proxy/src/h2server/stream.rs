@@ -1,0 +1,283 @@
+//! One HTTP/2 stream's task: the request goes to the handler, the client's reset cancels it,
+//! a `100 Continue` goes out when the handler first reads an `Expect` body (the upstream
+//! asked for it, `crate::expect`), and the response is sent within the client's window.
+//! An extended CONNECT answered `200` hands its stream to the tunnel (`crate::upgrade`).
+
+use std::future::{poll_fn, Future};
+use std::sync::Arc;
+use std::task::{ready, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+
+use super::body::{H2Body, Progress};
+use super::io::H2Pending;
+use crate::body::RespBody;
+use crate::error::BoxError;
+use crate::listener::h2_stall::{StallWatch, StreamExec};
+use crate::proxy::ConnCtx;
+
+/// Spawns the task of a stream the connection accepted, under the stall timer
+/// (`send_timeout`).
+pub(super) fn spawn(
+    exec: &StreamExec,
+    req: Request<h2::RecvStream>,
+    respond: h2::server::SendResponse<Bytes>,
+    ctx: Arc<ConnCtx>,
+) {
+    hyper::rt::Executor::execute(exec, run(req, respond, ctx));
+}
+
+async fn run(
+    req: Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    ctx: Arc<ConnCtx>,
+) {
+    let (mut parts, recv) = req.into_parts();
+    let content_length = content_length(&parts.headers);
+    let mut tunnel = None;
+    let mut progress = None;
+    let body = if parts.method == Method::CONNECT {
+        if content_length.is_some_and(|n| n != 0) {
+            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+            return;
+        }
+        if let Some(p) = parts.extensions.remove::<h2::ext::Protocol>() {
+            parts
+                .extensions
+                .insert(hyper::ext::Protocol::from(p.as_str()));
+            let (tx, pending) = H2Pending::new(recv);
+            parts.extensions.insert(pending);
+            tunnel = Some(tx);
+        }
+        H2Body::empty()
+    } else {
+        let expects = crate::expect::expects_continue(parts.version, &parts.headers);
+        let p = Arc::new(Progress::default());
+        let body = H2Body::new(recv, content_length, p.clone(), expects);
+        // Followed only when the client has a body still to send.
+        if !body.is_end_stream() {
+            progress = Some(p);
+        }
+        body
+    };
+    let req = Request::from_parts(parts, crate::body::DownBody::H2(body));
+    let handled = crate::proxy::handle(req, ctx);
+    tokio::pin!(handled);
+    let answered = poll_fn(|cx| {
+        if let Poll::Ready(r) = handled.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        if progress.as_ref().is_some_and(|p| p.poll_wanted(cx)) {
+            let mut r = Response::new(());
+            *r.status_mut() = StatusCode::CONTINUE;
+            if let Err(e) = respond.send_informational(r) {
+                tracing::debug!(error = %e, "HTTP/2 stream: 100 Continue not sent");
+            }
+        }
+        // The client's reset cancels the request (the handler is dropped).
+        match respond.poll_reset(cx) {
+            Poll::Ready(r) => {
+                tracing::debug!(reason = ?r.ok(), "HTTP/2 stream reset by the client");
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    let Some(Ok(resp)) = answered else {
+        return;
+    };
+    let (mut head, body) = resp.into_parts();
+    strip_connection_headers(&mut head.headers);
+    head.headers.entry(header::DATE).or_insert_with(date);
+    if let Some(tx) = tunnel {
+        if head.status.is_success() {
+            head.headers.remove(header::CONTENT_LENGTH);
+            match respond.send_response(Response::from_parts(head, ()), false) {
+                Ok(send) => {
+                    let _ = tx.send(send);
+                }
+                Err(e) => tracing::debug!(error = %e, "HTTP/2 stream: response not sent"),
+            }
+            return;
+        }
+    }
+    let body = StallWatch::new(body);
+    let eos = body.is_end_stream();
+    if !eos {
+        if let Some(n) = body.size_hint().exact() {
+            head.headers
+                .entry(header::CONTENT_LENGTH)
+                .or_insert_with(|| HeaderValue::from(n));
+        }
+    }
+    let send = match respond.send_response(Response::from_parts(head, ()), eos) {
+        Ok(send) => send,
+        Err(e) => {
+            tracing::debug!(error = %e, "HTTP/2 stream: response not sent");
+            respond.send_reset(h2::Reason::INTERNAL_ERROR);
+            return;
+        }
+    };
+    let send = if eos { send } else { pipe(body, send).await };
+    if progress.is_some_and(|p| !p.ended()) {
+        linger(send).await;
+    }
+}
+
+/// How long a stream answered before its request body ended stays open for the client to end
+/// it (curl ends it as soon as it has the answer to an `Expect`).
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Holds the stream's last handle for a while after an early answer. Dropping it at once
+/// makes h2 reset the stream (NO_ERROR, RFC 9113 §8.1), and a client that reads the reset
+/// before the answer it came with reports no answer at all (curl: "Empty reply from
+/// server"). A client that ends its body closes the stream cleanly meanwhile; one that goes
+/// on uploading gets the reset when the time is up.
+async fn linger(send: h2::SendStream<Bytes>) {
+    let _send = send;
+    tokio::time::sleep(LINGER).await;
+}
+
+/// Sends the response body: a frame is taken from the body only once the client has window
+/// for some of it (so a stalled client stops the body, which `send_timeout` then sees),
+/// then its trailers, or an empty DATA with END_STREAM.
+async fn pipe(body: StallWatch<RespBody>, mut tx: h2::SendStream<Bytes>) -> h2::SendStream<Bytes> {
+    tokio::pin!(body);
+    let mut buffered: Option<(Bytes, bool)> = None;
+    poll_fn(|cx| loop {
+        if let Poll::Ready(r) = tx.poll_reset(cx) {
+            tracing::debug!(reason = ?r.ok(), "HTTP/2 stream reset by the client");
+            return Poll::Ready(());
+        }
+        if buffered.is_some() {
+            while tx.capacity() == 0 {
+                match ready!(tx.poll_capacity(cx)) {
+                    Some(Ok(0)) => {}
+                    Some(Ok(_)) => break,
+                    Some(Err(_)) | None => return Poll::Ready(()),
+                }
+            }
+            let (data, eos) = buffered.take().expect("checked above");
+            if tx.send_data(data, eos).is_err() || eos {
+                return Poll::Ready(());
+            }
+            continue;
+        }
+        match ready!(body.as_mut().poll_frame(cx)) {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    let eos = body.is_end_stream();
+                    if data.is_empty() {
+                        if tx.send_data(data, eos).is_err() || eos {
+                            return Poll::Ready(());
+                        }
+                        continue;
+                    }
+                    // A small claim on the window, not the whole chunk: h2 raises it to
+                    // what is buffered, and a claim never pins window another stream needs.
+                    tx.reserve_capacity(1);
+                    buffered = Some((data, eos));
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        tx.reserve_capacity(0);
+                        let _ = tx.send_trailers(trailers);
+                        return Poll::Ready(());
+                    }
+                }
+            },
+            Some(Err(e)) => {
+                let reason = reason_of(&e);
+                tracing::debug!(error = %e, "HTTP/2 stream: response body failed; reset");
+                tx.send_reset(reason);
+                return Poll::Ready(());
+            }
+            None => {
+                let _ = tx.send_data(Bytes::new(), true);
+                return Poll::Ready(());
+            }
+        }
+    })
+    .await;
+    tx
+}
+
+/// The reason to reset a stream with when its body failed: an HTTP/2 reason found in the
+/// error's causes (an upstream stream reset passes its reason on), else INTERNAL_ERROR.
+fn reason_of(e: &BoxError) -> h2::Reason {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
+    while let Some(c) = cur {
+        if let Some(r) = c.downcast_ref::<h2::Error>().and_then(h2::Error::reason) {
+            return r;
+        }
+        cur = c.source();
+    }
+    h2::Reason::INTERNAL_ERROR
+}
+
+/// `Content-Length` when every value agrees (h2 has already refused a stream whose body
+/// does not match it).
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    let mut found = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        let n = v.to_str().ok()?.trim().parse::<u64>().ok()?;
+        if found.is_some_and(|f| f != n) {
+            return None;
+        }
+        found = Some(n);
+    }
+    found
+}
+
+thread_local! {
+    /// This thread's `Date` value and the second it was made for.
+    static DATE: std::cell::RefCell<(u64, HeaderValue)> =
+        const { std::cell::RefCell::new((u64::MAX, HeaderValue::from_static(""))) };
+}
+
+/// `Date` for a response (RFC 9110 §6.6.1), as hyper's servers add it: made once a second.
+fn date() -> HeaderValue {
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            let text = httpdate::fmt_http_date(now);
+            *d = (
+                secs,
+                HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("")),
+            );
+        }
+        d.1.clone()
+    })
+}
+
+/// Fields HTTP/2 does not carry (RFC 9113 §8.2.2); h2 refuses a response with them.
+fn strip_connection_headers(h: &mut HeaderMap) {
+    let named: Vec<header::HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| header::HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TE,
+        header::HeaderName::from_static("keep-alive"),
+        header::HeaderName::from_static("proxy-connection"),
+    ] {
+        h.remove(n);
+    }
+}
