@@ -23,6 +23,7 @@ mod h2_upstream;
 mod hostile;
 mod https_upstream;
 mod limits;
+mod metrics;
 mod normalise;
 mod pool_sizing;
 mod probes;
