@@ -13,6 +13,7 @@ mod support;
 mod admin;
 mod config_fuzz_corpus;
 mod core;
+mod differential;
 mod ejection;
 mod expect;
 mod fuzz_corpus;
