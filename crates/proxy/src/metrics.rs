@@ -7,10 +7,12 @@
 mod exposition;
 mod kubernetes;
 mod peers;
+mod sharded;
 mod upgrade;
 
 pub use exposition::{scrape, Format};
 pub use peers::PeerStats;
+pub use sharded::{RouteFamily, RouteSeries, ShardedCounter, ShardedHistogram, SlotFamily};
 pub use upgrade::UpgradeMetrics;
 
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 /// Labels of `upkeep_responses_total`.
@@ -86,24 +88,63 @@ pub struct BuildLabels {
     pub version: &'static str,
 }
 
-/// Every metric upkeep exports.
+/// Status classes in the order of a class index (`(status / 100) - 1`).
+pub(crate) const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// `origin` values of `upkeep_responses_total`.
+const ORIGINS: [&str; 2] = ["upstream", "proxy"];
+
+/// Cause codes (error.rs `Cause::as_str`), the empty cause first: the `cause` values of
+/// `upkeep_responses_total` that have a per-thread slot. Any other value still counts, in a
+/// shared series.
+const CAUSES: [&str; 15] = [
+    "",
+    "no_route",
+    "no_peers",
+    "connect_failed",
+    "upstream_reset",
+    "upstream_timeout",
+    "retry_budget",
+    "overloaded",
+    "bad_request",
+    "header_too_large",
+    "uri_too_long",
+    "internal",
+    "upstream_tls",
+    "client_timeout",
+    "body_too_large",
+];
+
+/// `event` values of `upkeep_pool_connections_total`, `new` and `reused` first.
+const POOL_EVENTS: [&str; 6] = [
+    "new",
+    "reused",
+    "stale_discarded",
+    "expired",
+    "h2_refused_replay",
+    "evicted",
+];
+
+/// Every metric upkeep exports. The families every request updates (requests, responses,
+/// latency, route responses, pool events, per-peer responses) are counted per serving
+/// thread and summed when scraped (`sharded`); the rest are prometheus-client's.
 pub struct Metrics {
     registry: Registry,
     /// Responses sent downstream per matched route.
-    pub route_responses: Family<RouteLabels, Counter>,
+    pub route_responses: RouteFamily,
     /// Always 1, with the version as a label.
     pub build_info: Family<BuildLabels, Gauge>,
     /// Requests received downstream.
-    pub requests: Counter,
+    pub requests: ShardedCounter,
     /// Responses sent downstream.
-    pub responses: Family<ResponseLabels, Counter>,
+    pub responses: SlotFamily<ResponseLabels>,
     /// Time to response headers.
-    pub latency: Histogram,
+    pub latency: ShardedHistogram,
     /// Open downstream connections.
     pub downstream_open: Gauge,
     /// Upstream connection events: new, reused, stale_discarded, expired, h2_refused_replay,
     /// evicted.
-    pub pool_events: Family<EventLabel, Counter>,
+    pub pool_events: SlotFamily<EventLabel>,
     /// Idle pooled upstream connections.
     pub pool_idle: Gauge,
     /// Requests replayed on a fresh connection after a reused one turned out closed.
@@ -140,15 +181,6 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Upgraded (WebSocket) connections.
     pub upgraded: UpgradeMetrics,
-    /// The series of `responses` and `pool_events` that nearly every request counts, looked
-    /// up once (a clone shares the value) instead of hashing labels per request.
-    hot: HotSeries,
-}
-
-struct HotSeries {
-    upstream_2xx: Counter,
-    reused: Counter,
-    new: Counter,
 }
 
 impl Metrics {
@@ -160,28 +192,29 @@ impl Metrics {
     /// Like `new`, exporting the access logger's own drop counter (the logger starts first).
     pub fn with_access_log_dropped(access_log_dropped: Counter) -> Arc<Self> {
         let mut r = Registry::with_prefix("upkeep");
-        let responses: Family<ResponseLabels, Counter> = Family::default();
-        let pool_events: Family<EventLabel, Counter> = Family::default();
-        // One statement per series: a lookup's guard lives to the end of its statement, and a
-        // second lookup that inserts into the same family would wait for it forever.
-        let upstream_2xx = responses
-            .get_or_create(&ResponseLabels {
-                origin: "upstream",
-                class: "2xx",
-                cause: "",
-            })
-            .clone();
-        let reused = pool_events
-            .get_or_create(&EventLabel { event: "reused" })
-            .clone();
-        let new = pool_events
-            .get_or_create(&EventLabel { event: "new" })
-            .clone();
-        let hot = HotSeries {
-            upstream_2xx,
-            reused,
-            new,
-        };
+        let mut response_labels = Vec::new();
+        for origin in ORIGINS {
+            for class in CLASSES {
+                for cause in CAUSES {
+                    response_labels.push(ResponseLabels {
+                        origin,
+                        class,
+                        cause,
+                    });
+                }
+            }
+        }
+        // The series nearly every request counts are shown from the start, at zero.
+        let responses = SlotFamily::new(response_labels, |l| {
+            l.origin == "upstream" && l.class == "2xx" && l.cause.is_empty()
+        });
+        let pool_events = SlotFamily::new(
+            POOL_EVENTS
+                .iter()
+                .map(|&event| EventLabel { event })
+                .collect(),
+            |l| matches!(l.event, "new" | "reused"),
+        );
         let build_info: Family<BuildLabels, Gauge> = Family::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -189,11 +222,11 @@ impl Metrics {
             })
             .set(1);
         let m = Metrics {
-            route_responses: Family::default(),
+            route_responses: RouteFamily::default(),
             build_info,
-            requests: Counter::default(),
+            requests: ShardedCounter::default(),
             responses,
-            latency: Histogram::new(exponential_buckets(0.0005, 2.0, 18)),
+            latency: ShardedHistogram::new(exponential_buckets(0.0005, 2.0, 18)),
             downstream_open: Gauge::default(),
             pool_events,
             pool_idle: Gauge::default(),
@@ -215,7 +248,6 @@ impl Metrics {
             access_log_dropped,
             upgraded: UpgradeMetrics::default(),
             registry: Registry::default(),
-            hot,
         };
 
         r.register(
@@ -356,39 +388,68 @@ impl Metrics {
     }
 
     /// Counts a pool event.
+    #[inline]
     pub fn pool_event(&self, event: &'static str) {
-        match event {
-            "reused" => self.hot.reused.inc(),
-            "new" => self.hot.new.inc(),
-            _ => self.pool_events.get_or_create(&EventLabel { event }).inc(),
-        };
+        match POOL_EVENTS.iter().position(|e| *e == event) {
+            Some(slot) => self.pool_events.inc_slot(slot),
+            None => self.pool_events.inc_other(&EventLabel { event }),
+        }
+    }
+
+    /// The route series of `route` in `group`, counted per thread; route tables look it up
+    /// once when built (`RouteTable::counted_in`).
+    pub fn route_series(&self, route: &Arc<str>, group: &Arc<str>) -> RouteSeries {
+        self.route_responses.series(route, group)
     }
 
     /// Counts a response sent downstream for a matched route.
+    #[inline]
     pub fn route_response(&self, route: &crate::route::RouteName, class: &'static str) {
-        self.route_responses
-            .get_or_create(&RouteLabels {
+        match class_index(class) {
+            Some(i) => route.series.inc(i),
+            None => self.route_responses.inc_other(&RouteLabels {
                 route: route.route.clone(),
                 group: route.group.clone(),
                 class,
-            })
-            .inc();
+            }),
+        }
     }
 
     /// Counts a response sent downstream.
+    #[inline]
     pub fn response(&self, origin: &'static str, class: &'static str, cause: &'static str) {
-        if origin == "upstream" && class == "2xx" && cause.is_empty() {
-            self.hot.upstream_2xx.inc();
-        } else {
-            self.responses
-                .get_or_create(&ResponseLabels {
-                    origin,
-                    class,
-                    cause,
-                })
-                .inc();
+        match response_slot(origin, class, cause) {
+            Some(slot) => self.responses.inc_slot(slot),
+            None => self.responses.inc_other(&ResponseLabels {
+                origin,
+                class,
+                cause,
+            }),
         }
     }
+}
+
+/// The index of `1xx`..`5xx` in `CLASSES`.
+#[inline]
+fn class_index(class: &str) -> Option<usize> {
+    match class.as_bytes() {
+        [d @ b'1'..=b'5', b'x', b'x'] => Some(usize::from(d - b'1')),
+        _ => None,
+    }
+}
+
+/// The slot of a `responses` label set in the table `Metrics::with_access_log_dropped` builds
+/// (origin, then class, then cause).
+#[inline]
+fn response_slot(origin: &str, class: &str, cause: &str) -> Option<usize> {
+    let o = ORIGINS.iter().position(|o| *o == origin)?;
+    let k = class_index(class)?;
+    let c = if cause.is_empty() {
+        0
+    } else {
+        CAUSES.iter().position(|c| *c == cause)?
+    };
+    Some((o * CLASSES.len() + k) * CAUSES.len() + c)
 }
 
 /// Holds one unit of a gauge (an open connection, a waiter) until dropped, so a task that
@@ -412,18 +473,149 @@ impl Drop for GaugeGuard {
 
 /// `2xx`..`5xx` for a status.
 pub fn class(status: http::StatusCode) -> &'static str {
-    match status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    }
+    CLASSES[class_of(status)]
+}
+
+/// The index in `CLASSES` of a status's class (below 200: `1xx`, from 500: `5xx`).
+pub(crate) fn class_of(status: http::StatusCode) -> usize {
+    (status.as_u16() / 100).clamp(1, 5) as usize - 1
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::metrics::histogram::Histogram;
+
+    /// The per-thread families encode exactly as the prometheus-client families they replace
+    /// (same descriptors, series and values; a `Family` lists its series in hash order, so
+    /// lines are compared sorted).
+    #[test]
+    fn per_thread_families_encode_as_prometheus_client_families() {
+        let sharded = Metrics::new();
+        let mut r = Registry::with_prefix("upkeep");
+        let requests = Counter::<u64>::default();
+        let responses: Family<ResponseLabels, Counter> = Family::default();
+        let latency = Histogram::new(exponential_buckets(0.0005, 2.0, 18));
+        let pool: Family<EventLabel, Counter> = Family::default();
+        let routes: Family<RouteLabels, Counter> = Family::default();
+        r.register("requests", "Requests received downstream", requests.clone());
+        r.register(
+            "responses",
+            "Responses sent downstream by origin, class and cause",
+            responses.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from request to response headers",
+            latency.clone(),
+        );
+        r.register(
+            "pool_connections",
+            "Upstream connection events (new, reused, stale_discarded, expired, h2_refused_replay, evicted)",
+            pool.clone(),
+        );
+        r.register(
+            "route_responses",
+            "Responses sent downstream by matched route, its group and status class",
+            routes.clone(),
+        );
+        let name = crate::route::RouteName {
+            route: "a.test/x".into(),
+            group: "g".into(),
+            series: RouteSeries::default(),
+        };
+        let name = crate::route::RouteName {
+            series: sharded.route_series(&name.route, &name.group),
+            ..name
+        };
+        // The series shown at zero from the start.
+        let _ = responses.get_or_create(&ResponseLabels {
+            origin: "upstream",
+            class: "2xx",
+            cause: "",
+        });
+        for event in ["new", "reused"] {
+            let _ = pool.get_or_create(&EventLabel { event });
+        }
+        // Whole nanoseconds that are sums of powers of two, so that both sums are exact.
+        let seconds = [0.001953125, 0.25, 0.5, 2.0, 1024.0, 0.0078125];
+        let events = [
+            "reused",
+            "reused",
+            "new",
+            "expired",
+            "made_up_event",
+            "evicted",
+        ];
+        let answers = [
+            ("upstream", "2xx", ""),
+            ("upstream", "5xx", ""),
+            ("proxy", "5xx", "connect_failed"),
+            ("proxy", "3xx", ""),
+            ("proxy", "5xx", "a_cause_without_a_slot"),
+            ("upstream", "2xx", ""),
+        ];
+        for ((secs, event), (origin, class, cause)) in seconds.iter().zip(events).zip(answers) {
+            requests.inc();
+            sharded.requests.inc();
+            latency.observe(*secs);
+            sharded.latency.observe(*secs);
+            pool.get_or_create(&EventLabel { event }).inc();
+            sharded.pool_event(event);
+            responses
+                .get_or_create(&ResponseLabels {
+                    origin,
+                    class,
+                    cause,
+                })
+                .inc();
+            sharded.response(origin, class, cause);
+            routes
+                .get_or_create(&RouteLabels {
+                    route: name.route.clone(),
+                    group: name.group.clone(),
+                    class,
+                })
+                .inc();
+            sharded.route_response(&name, class);
+        }
+        let mut want = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut want, &r).unwrap();
+        let got = sharded.encode();
+        let families = [
+            "upkeep_requests",
+            "upkeep_responses",
+            "upkeep_request_duration_seconds",
+            "upkeep_pool_connections",
+            "upkeep_route_responses",
+        ];
+        let pick = |text: &str| {
+            let mut lines: Vec<String> = text
+                .lines()
+                .filter(|l| {
+                    let name = l
+                        .trim_start_matches("# HELP ")
+                        .trim_start_matches("# TYPE ")
+                        .split(['{', ' '])
+                        .next()
+                        .unwrap_or("");
+                    families.iter().any(|f| {
+                        name == *f
+                            || name.strip_prefix(f).is_some_and(|s| {
+                                ["_total", "_sum", "_count", "_bucket"].contains(&s)
+                            })
+                    })
+                })
+                .map(str::to_owned)
+                .collect();
+            lines.sort();
+            lines
+        };
+        assert_eq!(pick(&got), pick(&want));
+        // HELP and TYPE of 5 families, 1 request count, 5 response series, the histogram's
+        // sum, count and 19 buckets, 5 pool events, 3 route series.
+        assert_eq!(pick(&want).len(), 10 + 1 + 5 + 21 + 5 + 3);
+    }
 
     fn value(m: &Metrics, series: &str) -> Option<f64> {
         m.encode()

@@ -684,7 +684,9 @@ impl Pool {
         peer: SocketAddr,
         timeout: Duration,
     ) -> Result<Conn, ConnectError> {
-        if self.protocol != UpstreamProtocol::Http1 {
+        // `hyper_http1` (tests only): a connection of hyper's, which the request path then
+        // drives as it does for `Expect` requests.
+        if self.protocol != UpstreamProtocol::Http1 || self.cfg.hyper_http1 {
             return self.connect(peer, timeout).await;
         }
         let until = Instant::now() + timeout;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::{HostMatch, RouteConfig};
+use crate::metrics::{Metrics, RouteSeries};
 
 /// Compiled routes.
 #[derive(Debug, Clone)]
@@ -13,12 +14,14 @@ pub struct RouteTable {
 }
 
 /// How a matched route is named in metrics and the access log.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct RouteName {
     /// The route as written: `host/path`, `*.suffix/path`, or `/path` for any host.
     pub route: Arc<str>,
     /// Its group.
     pub group: Arc<str>,
+    /// Its `upkeep_route_responses_total` counts (per thread), bound by `counted_in`.
+    pub series: RouteSeries,
 }
 
 impl RouteName {
@@ -33,6 +36,7 @@ impl RouteName {
             route: route.into(),
             // A route that answers itself has no group: an empty label.
             group: r.group.as_deref().unwrap_or("").into(),
+            series: RouteSeries::default(),
         }
     }
 }
@@ -51,6 +55,15 @@ impl RouteTable {
         });
         let names = routes.iter().map(RouteName::of).collect();
         Self { routes, names }
+    }
+
+    /// Counts each route's responses in `metrics`, in the series a route of the same name
+    /// and group had before (a reload keeps counting where the old table stopped).
+    pub fn counted_in(mut self, metrics: &Metrics) -> Self {
+        for n in &mut self.names {
+            n.series = metrics.route_series(&n.route, &n.group);
+        }
+        self
     }
 
     /// The group for a host (any case, port ignored) and path; `None` also for a route that

@@ -112,7 +112,7 @@ impl State {
         }
         Ok((
             State {
-                routes: RouteTable::new(&config.routes),
+                routes: RouteTable::new(&config.routes).counted_in(&shared.metrics),
                 config,
                 groups,
             },

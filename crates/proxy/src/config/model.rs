@@ -58,6 +58,18 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
 }
 
+impl Config {
+    /// Makes every group send HTTP/1.1 requests with hyper's client, as before upkeep's own
+    /// codec (docs/http1.md): only for the test that runs one corpus through both
+    /// (`crates/proxy/tests/proxy/differential.rs`). No config key reaches it.
+    #[doc(hidden)]
+    pub fn use_hyper_http1_client(&mut self) {
+        for g in self.groups.values_mut() {
+            g.pool.hyper_http1 = true;
+        }
+    }
+}
+
 /// `[kubernetes]`: the API server EndpointSlice discovery watches.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KubernetesConfig {
@@ -498,6 +510,11 @@ pub struct PoolConfig {
     /// HTTP/2: most request body bytes kept to send a stream again that the peer refused
     /// unprocessed (GOAWAY, REFUSED_STREAM); a longer body is sent once.
     pub http2_replay_buffer_bytes: usize,
+    /// Sends HTTP/1.1 requests with hyper's client instead of upkeep's codec: only for the
+    /// differential test of the two (`Config::use_hyper_http1_client`); no config key sets it.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub hyper_http1: bool,
 }
 
 impl Default for PoolConfig {
@@ -511,6 +528,7 @@ impl Default for PoolConfig {
             http2_keepalive_interval: Duration::from_secs(20),
             http2_keepalive_timeout: Duration::from_secs(10),
             http2_replay_buffer_bytes: crate::body::REPLAY_LIMIT,
+            hyper_http1: false,
         }
     }
 }

@@ -3,32 +3,46 @@
 //! by the peers that exist now.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::sharded::Cells;
+use super::CLASSES;
 use crate::upstream::Group;
 
-/// Counters one peer carries for `/metrics`.
-#[derive(Debug, Default)]
-pub struct PeerStats {
-    /// Upstream responses by status class, `1xx` first.
-    responses: [AtomicU64; 5],
-    /// Failed attempts counted against the peer's health.
-    failures: AtomicU64,
-}
+/// Counters one peer carries for `/metrics`, kept per serving thread (`sharded`): slots 0-4
+/// are responses by status class (`1xx` first), slot 5 the failed attempts counted against
+/// the peer's health.
+#[derive(Debug)]
+pub struct PeerStats(Cells);
 
-const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+const FAILURES: usize = CLASSES.len();
+
+impl Default for PeerStats {
+    fn default() -> Self {
+        Self(Cells::new(FAILURES + 1))
+    }
+}
 
 impl PeerStats {
     /// Counts a response the peer sent.
+    #[inline]
     pub fn response(&self, status: http::StatusCode) {
-        let i = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
-        self.responses[i].fetch_add(1, Ordering::Relaxed);
+        self.0.add(super::class_of(status), 1);
     }
 
     /// Counts a failed attempt.
     pub fn failure(&self) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.0.add(FAILURES, 1);
+    }
+
+    /// Responses of class index `class` (0: `1xx`), over every thread.
+    fn responses(&self, class: usize) -> u64 {
+        self.0.sum(class)
+    }
+
+    /// Failed attempts, over every thread.
+    fn failures(&self) -> u64 {
+        self.0.sum(FAILURES)
     }
 }
 
@@ -119,12 +133,12 @@ pub(super) fn encode<'a>(
         "Responses received from a peer by status class.",
     );
     for (g, p, _) in &peers {
-        for (class, n) in CLASSES.iter().zip(&p.stats().responses) {
+        for (i, class) in CLASSES.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "upkeep_peer_responses_total{{group=\"{g}\",peer=\"{}\",class=\"{class}\"}} {}",
                 p.addr(),
-                n.load(Ordering::Relaxed)
+                p.stats().responses(i)
             );
         }
     }
@@ -139,7 +153,7 @@ pub(super) fn encode<'a>(
             out,
             "upkeep_peer_failures_total{{group=\"{g}\",peer=\"{}\"}} {}",
             p.addr(),
-            p.stats().failures.load(Ordering::Relaxed)
+            p.stats().failures()
         );
     }
 }
@@ -166,11 +180,9 @@ mod tests {
         for code in [101, 200, 204, 302, 404, 502, 503] {
             s.response(http::StatusCode::from_u16(code).unwrap());
         }
-        let counts: Vec<u64> = s
-            .responses
-            .iter()
-            .map(|n| n.load(Ordering::Relaxed))
-            .collect();
+        s.failure();
+        let counts: Vec<u64> = (0..CLASSES.len()).map(|i| s.responses(i)).collect();
         assert_eq!(counts, vec![1, 2, 1, 1, 2]);
+        assert_eq!(s.failures(), 1);
     }
 }

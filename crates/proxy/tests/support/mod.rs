@@ -19,6 +19,18 @@ pub async fn upkeep(toml: &str) -> Running {
         .expect("upkeep starts")
 }
 
+/// Like `upkeep`, sending HTTP/1.1 upstream requests with hyper's client instead of upkeep's
+/// own codec (the differential test runs one corpus through both).
+pub async fn upkeep_hyper_http1(toml: &str) -> Running {
+    upkeep_test_support::init_tracing();
+    let mut cfg = upkeep_proxy::config::parse(Path::new("test.toml"), toml)
+        .unwrap_or_else(|e| panic!("test config: {e}"));
+    cfg.use_hyper_http1_client();
+    start_with(cfg, None, AccessLogger::off())
+        .await
+        .expect("upkeep starts")
+}
+
 /// A config with one listener, an admin listener, and one group `app` over `addrs`.
 pub fn one_group(addrs: &[std::net::SocketAddr], extra: &str) -> String {
     let eps: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();

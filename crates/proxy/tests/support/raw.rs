@@ -1,6 +1,7 @@
 //! A loopback backend on raw TCP: records each request head exactly as it arrived (every
 //! header line, in order, with its case) and the body bytes it got, and answers with a
-//! canned response. For tests that assert what is on the wire, not what a parser made of it.
+//! canned response (or one chosen per request). For tests that assert what is on the wire,
+//! not what a parser made of it.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -20,7 +21,21 @@ pub struct RawSeen {
     pub body: Vec<u8>,
     /// The body ended as its framing said (false when the connection was cut inside it).
     pub complete: bool,
+    /// Every byte of the request exactly as it arrived: head, blank line, body with its
+    /// chunk framing and trailer section.
+    pub wire: Vec<u8>,
 }
+
+/// What the backend answers to one request.
+pub struct Reply {
+    /// The raw response bytes.
+    pub bytes: Vec<u8>,
+    /// Close the connection after them.
+    pub close: bool,
+}
+
+/// Chooses the reply to each request.
+pub type Answer = Arc<dyn Fn(&RawSeen) -> Reply + Send + Sync>;
 
 impl RawSeen {
     /// The request line.
@@ -66,13 +81,22 @@ pub const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
 impl RawBackend {
     /// Starts on 127.0.0.1:0, answering every request with `response`.
     pub async fn start(response: &'static [u8]) -> Self {
+        Self::answering(Arc::new(move |_: &RawSeen| Reply {
+            bytes: response.to_vec(),
+            close: false,
+        }))
+        .await
+    }
+
+    /// Starts on 127.0.0.1:0, answering each request with what `answer` gives for it.
+    pub async fn answering(answer: Answer) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
-                tokio::spawn(serve(sock, s.clone(), response));
+                tokio::spawn(serve(sock, s.clone(), answer.clone()));
             }
         });
         Self { addr, seen, task }
@@ -89,14 +113,14 @@ impl RawBackend {
     }
 }
 
-async fn serve(mut sock: TcpStream, seen: Arc<Mutex<Vec<RawSeen>>>, response: &'static [u8]) {
+async fn serve(mut sock: TcpStream, seen: Arc<Mutex<Vec<RawSeen>>>, answer: Answer) {
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let Some(end) = read_until(&mut sock, &mut buf, b"\r\n\r\n").await else {
             return;
         };
         let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 4);
+        let mut wire: Vec<u8> = buf.drain(..end + 4).collect();
         let lower = head.to_ascii_lowercase();
         let length = lower.lines().find_map(|l| {
             l.strip_prefix("content-length:")
@@ -106,7 +130,7 @@ async fn serve(mut sock: TcpStream, seen: Arc<Mutex<Vec<RawSeen>>>, response: &'
             .lines()
             .any(|l| l.starts_with("transfer-encoding:") && l.contains("chunked"));
         let (body, complete) = if chunked {
-            read_chunked(&mut sock, &mut buf).await
+            read_chunked(&mut sock, &mut buf, &mut wire).await
         } else {
             let want = length.unwrap_or(0);
             while buf.len() < want {
@@ -115,14 +139,23 @@ async fn serve(mut sock: TcpStream, seen: Arc<Mutex<Vec<RawSeen>>>, response: &'
                 }
             }
             let n = want.min(buf.len());
-            (buf.drain(..n).collect(), n == want)
+            let body: Vec<u8> = buf.drain(..n).collect();
+            wire.extend_from_slice(&body);
+            (body, n == want)
         };
-        seen.lock().unwrap().push(RawSeen {
+        let request = RawSeen {
             head,
             body,
             complete,
-        });
-        if !complete || sock.write_all(response).await.is_err() {
+            wire,
+        };
+        let reply = answer(&request);
+        seen.lock().unwrap().push(request);
+        if !complete || sock.write_all(&reply.bytes).await.is_err() {
+            return;
+        }
+        if reply.close {
+            let _ = sock.shutdown().await;
             return;
         }
     }
@@ -150,25 +183,33 @@ async fn read_until(sock: &mut TcpStream, buf: &mut Vec<u8>, pat: &[u8]) -> Opti
     }
 }
 
-async fn read_chunked(sock: &mut TcpStream, buf: &mut Vec<u8>) -> (Vec<u8>, bool) {
+async fn read_chunked(
+    sock: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    wire: &mut Vec<u8>,
+) -> (Vec<u8>, bool) {
     let mut body = Vec::new();
     loop {
         let Some(end) = read_until(sock, buf, b"\r\n").await else {
             return (body, false);
         };
         let line = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 2);
+        wire.extend(buf.drain(..end + 2));
         let Ok(size) = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
         else {
             return (body, false);
         };
         if size == 0 {
-            // No trailers from upkeep: the blank line ends the body.
-            let ok = read_until(sock, buf, b"\r\n").await.is_some();
-            if ok {
-                buf.drain(..2);
+            // Trailer lines, if any, up to the blank line that ends the body.
+            loop {
+                let Some(end) = read_until(sock, buf, b"\r\n").await else {
+                    return (body, false);
+                };
+                wire.extend(buf.drain(..end + 2));
+                if end == 0 {
+                    return (body, true);
+                }
             }
-            return (body, ok);
         }
         while buf.len() < size + 2 {
             if !read_more(sock, buf).await {
@@ -176,8 +217,10 @@ async fn read_chunked(sock: &mut TcpStream, buf: &mut Vec<u8>) -> (Vec<u8>, bool
                 return (body, false);
             }
         }
-        body.extend(buf.drain(..size));
-        buf.drain(..2);
+        let data: Vec<u8> = buf.drain(..size).collect();
+        wire.extend_from_slice(&data);
+        body.extend(data);
+        wire.extend(buf.drain(..2));
     }
 }
 
