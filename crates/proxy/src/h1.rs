@@ -5,10 +5,14 @@
 //! strict response framing check) and streams the body (`body`) to the downstream side; the
 //! connection goes back to the pool when the body has ended and the response allows reuse.
 //! hyper stays for HTTP/2 upstreams, `Expect: 100-continue` requests and upgrades.
+//!
+//! `server` is the downstream twin: HTTP/1 requests read, handled and answered by upkeep's
+//! own code, with a hand-over to hyper for what it does not serve.
 
 pub mod body;
 pub mod client;
 pub mod head;
+pub(crate) mod server;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -85,15 +85,22 @@ impl ConnActivity {
         self.send_timed_out.load(Ordering::Relaxed)
     }
 
+    /// The client accepted no response byte for `send_timeout`: the connection is cut.
+    pub(crate) fn note_send_timeout(&self) {
+        self.send_timed_out.store(true, Ordering::Relaxed);
+    }
+
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    fn touch(&self) {
+    /// Something arrived from the client (the idle clock restarts).
+    pub(crate) fn touch(&self) {
         self.last_ms.store(self.now_ms(), Ordering::Relaxed);
     }
 
-    fn set_head_in_progress(&self, on: bool) {
+    /// Part of a request head is buffered (the header read timeout runs) or not.
+    pub(crate) fn set_head_in_progress(&self, on: bool) {
         let cur = self.head_since_ms.load(Ordering::Relaxed);
         if on && cur == 0 {
             self.head_since_ms
@@ -201,7 +208,12 @@ impl<IO> Guarded<IO> {
     }
 
     fn take_in(&mut self, n: usize, from: Option<&[u8]>) {
-        let data = from.unwrap_or(&self.scratch[..n]);
+        // Not `unwrap_or`: a prefix handed over by the own server may be longer than
+        // `scratch`, whose slice would be taken (and panic) even when unused.
+        let data = match from {
+            Some(d) => d,
+            None => &self.scratch[..n],
+        };
         match &mut self.framer {
             None => {
                 self.out.extend_from_slice(data);
@@ -583,10 +595,24 @@ where
     }
 }
 
-async fn serve_proto<IO>(io: IO, h2: bool, prefix: &[u8], ctx: Arc<ConnCtx>, signals: Signals)
+async fn serve_proto<IO>(io: IO, h2: bool, prefix: &[u8], ctx: Arc<ConnCtx>, mut signals: Signals)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // HTTP/1: upkeep's own server, until a request it hands over to hyper (below) with the
+    // bytes it has read.
+    let handed;
+    let (io, prefix) = if h2 {
+        (io, prefix)
+    } else {
+        match crate::h1::server::serve(io, prefix, &ctx, &mut signals).await {
+            crate::h1::server::Outcome::Closed => return,
+            crate::h1::server::Outcome::HandOver(io, buffered) => {
+                handed = buffered;
+                (io, &handed[..])
+            }
+        }
+    };
     let cfg = ctx.listener.clone();
     let activity = ctx.activity.clone();
     let framer = (!h2).then(|| Framer::new(cfg.max_header_bytes));
@@ -613,7 +639,8 @@ where
     }
 }
 
-fn count_timeout(shared: &Shared, timeout: &'static str) {
+/// Counts one timeout of the kind named.
+pub(crate) fn count_timeout(shared: &Shared, timeout: &'static str) {
     shared
         .metrics
         .timeouts
@@ -726,8 +753,11 @@ async fn head_timed_out<C: GracefulConn>(conn: Pin<&mut C>, ctx: &ConnCtx) {
     }
 }
 
-enum Expired {
+/// Which of a connection's own timers ran out.
+pub(crate) enum Expired {
+    /// The idle timeout.
     Idle,
+    /// The header read timeout.
     HeadTimeout,
 }
 
@@ -737,7 +767,7 @@ const CLOSE_QUIET: Duration = Duration::from_secs(1);
 /// Whether a connection told to close can be closed without racing its client: a request is
 /// under way (closed after its response), or it is idle and has been quiet for
 /// `CLOSE_QUIET` (or its own idle timeout, if shorter).
-fn may_close(a: &ConnActivity, cfg: &ListenerConfig) -> bool {
+pub(crate) fn may_close(a: &ConnActivity, cfg: &ListenerConfig) -> bool {
     if a.in_flight.load(Ordering::Relaxed) > 0 {
         return true;
     }
@@ -748,7 +778,8 @@ fn may_close(a: &ConnActivity, cfg: &ListenerConfig) -> bool {
     quiet >= CLOSE_QUIET.min(cfg.idle_timeout).as_millis() as u64
 }
 
-fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {
+/// The timer of `a` that has run out, if one has.
+pub(crate) fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {
     if a.in_flight.load(Ordering::Relaxed) > 0 {
         return None;
     }
@@ -762,7 +793,8 @@ fn expired(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Expired> {
         .then_some(Expired::Idle)
 }
 
-fn next_deadline(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Duration> {
+/// How long until one of the timers of `a` may run out.
+pub(crate) fn next_deadline(a: &ConnActivity, cfg: &ListenerConfig) -> Option<Duration> {
     if a.in_flight.load(Ordering::Relaxed) > 0 {
         // Re-check after a while; the request's own timeouts bound it meanwhile.
         return Some(

@@ -97,9 +97,10 @@ async fn an_http10_client_without_host_is_sent_upstream_with_the_listeners_addre
     let up = upkeep(&one_group(&[b.addr()], "")).await;
     let l = up.listeners[0];
     let resp = exchange(l, b"GET /old HTTP/1.0\r\n\r\n", Duration::from_secs(3)).await;
-    // An HTTP/1.0 client is answered in its own version, and the connection closes after
-    // the response, so no keep-alive hint is sent to it.
-    assert!(resp.starts_with("HTTP/1.0 200 OK\r\n"), "{resp}");
+    // An HTTP/1.0 client is answered `HTTP/1.1` (RFC 9110 §6.2: a server sends its own
+    // version), and the connection closes after the response, so no keep-alive hint is sent.
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    assert!(resp.contains("\r\nconnection: close\r\n"), "{resp}");
     assert!(!resp.to_ascii_lowercase().contains("keep-alive"), "{resp}");
     assert!(resp.ends_with("\r\n\r\nok"), "{resp}");
     let seen = b.seen();
@@ -114,7 +115,7 @@ async fn an_http10_client_without_host_is_sent_upstream_with_the_listeners_addre
         Duration::from_secs(3),
     )
     .await;
-    assert!(resp.starts_with("HTTP/1.0 200 OK\r\n"), "{resp}");
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
     assert_eq!(b.seen()[1].value("host"), "named.test:8080");
 
     // One that asks to keep its connection keeps it, and is told for how long.
@@ -129,7 +130,7 @@ async fn an_http10_client_without_host_is_sent_upstream_with_the_listeners_addre
             .unwrap()
             .unwrap();
         let resp = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
-        assert!(resp.starts_with("http/1.0 200 ok\r\n"), "{i}: {resp}");
+        assert!(resp.starts_with("http/1.1 200 ok\r\n"), "{i}: {resp}");
         assert!(
             resp.contains("\r\nconnection: keep-alive\r\n"),
             "{i}: {resp}"

@@ -1,0 +1,256 @@
+//! upkeep's own HTTP/1 server side for downstream connections (plain and TLS), on `httparse`
+//! (docs/http1.md).
+//!
+//! One task per connection reads a request head into a per-connection buffer (reused across
+//! requests, kept small while idle), parses it once (`request`, which is also the strict
+//! framing check), runs `crate::proxy::handle` in the same task with the request body read
+//! from the connection as it is asked for (`wire`: `Content-Length` or validated chunked),
+//! and writes the response with its own encoder (`response`). Pipelined requests wait in
+//! the buffer and are answered in order. The connection's timeouts and drain rules are those
+//! of the hyper path (`crate::listener`): header read, idle, send, close after the next
+//! response or once quiet.
+//!
+//! A request it does not serve (`Expect`, `Upgrade`, `CONNECT`) or would refuse hands the
+//! connection over, with every byte buffered so far, to hyper behind the framing check, for
+//! the rest of the connection: hyper answers refusals (400, 414, 431) exactly as before, and
+//! `crate::expect` and `crate::upgrade` work unchanged.
+
+mod request;
+mod response;
+mod wire;
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+use crate::body::down::{DownBody, OwnBody};
+use crate::listener::{count_timeout, expired, may_close, next_deadline, Expired, Signals};
+use crate::proxy::ConnCtx;
+use request::Parsed;
+use response::Answering;
+use wire::{BodySource, Shared, READ_CHUNK};
+
+/// Buffers larger than this are let go when the connection goes idle.
+const KEEP_WHILE_IDLE: usize = 4 * 1024;
+/// How long a closing connection waits for its TLS close or FIN to go out.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// How the own server left a connection.
+pub(crate) enum Outcome<IO> {
+    /// The connection is finished.
+    Closed,
+    /// The rest of the connection is hyper's: the stream, and the bytes read from it that
+    /// nothing has consumed (a whole request head first).
+    HandOver(IO, BytesMut),
+}
+
+/// Serves HTTP/1 requests on `io` until the connection ends or is handed over; `prefix` is
+/// what was read from it already (the protocol sniff).
+pub(crate) async fn serve<IO>(
+    io: IO,
+    prefix: &[u8],
+    ctx: &Arc<ConnCtx>,
+    signals: &mut Signals,
+) -> Outcome<IO>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let cfg = &*ctx.listener;
+    let activity = &*ctx.activity;
+    let wire = Shared::new(io, BytesMut::from(prefix));
+    let mut wbuf = BytesMut::new();
+    let mut fields = request::Fields::new();
+    // Told to close: the rules of `crate::listener::drive` (after the next response once a
+    // request is under way; once quiet when idle).
+    let mut close_pending = *signals.close_idle.borrow();
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    loop {
+        let head = loop {
+            let (parsed, buffered) = {
+                let mut w = wire.lock();
+                if w.rbuf.is_empty() {
+                    if w.rbuf.capacity() > KEEP_WHILE_IDLE {
+                        w.rbuf = BytesMut::new();
+                    }
+                    (Parsed::Partial, false)
+                } else {
+                    (
+                        request::parse(&mut w.rbuf, &mut fields, cfg.max_header_bytes),
+                        true,
+                    )
+                }
+            };
+            match parsed {
+                Parsed::Request(h) => {
+                    activity.set_head_in_progress(false);
+                    break h;
+                }
+                Parsed::HandOver => return hand_over(wire),
+                Parsed::Partial if buffered => activity.set_head_in_progress(true),
+                Parsed::Partial => {}
+            }
+            if close_pending && may_close(activity, cfg) {
+                close(&wire).await;
+                return Outcome::Closed;
+            }
+            let mut wait = next_deadline(activity, cfg).unwrap_or(Duration::from_secs(3600));
+            if close_pending {
+                wait = wait.min(Duration::from_millis(50));
+            }
+            timer.as_mut().reset(Instant::now() + wait);
+            tokio::select! {
+                r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)) => match r {
+                    Ok(0) | Err(_) => return Outcome::Closed,
+                    Ok(_) => activity.touch(),
+                },
+                () = told_to_close(&mut signals.close_idle), if !close_pending => {
+                    close_pending = true;
+                }
+                () = &mut timer => match expired(activity, cfg) {
+                    Some(Expired::Idle) => {
+                        close(&wire).await;
+                        return Outcome::Closed;
+                    }
+                    Some(Expired::HeadTimeout) => {
+                        head_timed_out(&wire, buffered, ctx).await;
+                        return Outcome::Closed;
+                    }
+                    None => {}
+                },
+            }
+        };
+
+        let request::Head {
+            mut request,
+            keep_alive,
+            http10,
+            head_method,
+            body,
+        } = *head;
+        if let Some(framing) = body {
+            *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
+        }
+        let accepts_trailers =
+            crate::trailers::Wanted::of(request.headers(), request.version()).accepts;
+        let handling = crate::proxy::handle(request, ctx.clone());
+        tokio::pin!(handling);
+        // As hyper did: a client that closes while its bodiless request is handled has left,
+        // and the request is dropped (its upstream exchange with it). Bytes that come
+        // meanwhile (a pipelined request) wait in the buffer.
+        let mut watch_eof = body.is_none() && wire.lock().rbuf.is_empty();
+        let resp = loop {
+            tokio::select! {
+                r = &mut handling => break r,
+                () = told_to_close(&mut signals.close_idle), if !close_pending => {
+                    close_pending = true;
+                }
+                r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
+                    Ok(0) | Err(_) => {
+                        tracing::debug!("the client closed its connection while its request was handled");
+                        return Outcome::Closed;
+                    }
+                    Ok(_) => watch_eof = false,
+                },
+            }
+        };
+        let Ok(resp) = resp;
+        // A request body not read to its end leaves bytes that are not the next request:
+        // the connection ends with this response.
+        let answering = Answering {
+            keep_alive: keep_alive && !close_pending && wire.body_done(),
+            http10,
+            head_method,
+            accepts_trailers,
+        };
+        let written = response::write(
+            &wire,
+            &mut wbuf,
+            resp,
+            &answering,
+            cfg.send_timeout,
+            activity,
+        )
+        .await;
+        activity.touch();
+        match written {
+            Ok(true) if wire.body_done() => wire.lock().body = None,
+            Ok(_) => {
+                close(&wire).await;
+                return Outcome::Closed;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "downstream connection ended with an error");
+                if activity.send_timed_out() {
+                    count_timeout(&ctx.shared, "send");
+                }
+                return Outcome::Closed;
+            }
+        }
+        if wbuf.capacity() > KEEP_WHILE_IDLE {
+            wbuf = BytesMut::new();
+        }
+    }
+}
+
+/// Waits until the connection is told to close (its guard on the signal is not held).
+async fn told_to_close(close_idle: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = close_idle.wait_for(|s| *s).await;
+}
+
+/// Gives the connection to the hyper path, with what was read and not consumed; a wire
+/// still held elsewhere (a request body an upstream connection has not let go of) cannot
+/// be handed over, and the connection closes.
+fn hand_over<IO>(wire: Shared<IO>) -> Outcome<IO>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    match wire.into_parts() {
+        Some((io, rbuf)) => Outcome::HandOver(io, rbuf),
+        None => Outcome::Closed,
+    }
+}
+
+/// Closes the connection cleanly (TLS `close_notify`, then FIN), bounded in time.
+async fn close<IO: AsyncRead + AsyncWrite + Unpin>(wire: &Shared<IO>) {
+    let _ = tokio::time::timeout(CLOSE_WAIT, poll_fn(|cx| wire.poll_shutdown(cx))).await;
+}
+
+/// The header read timeout ran out: a client that sent part of a head gets `408
+/// client_timeout` (logged and counted like every refused request) before the close; one
+/// that sent nothing is closed silently. Best effort: a client that does not read gets
+/// nothing.
+async fn head_timed_out<IO: AsyncRead + AsyncWrite + Unpin>(
+    wire: &Shared<IO>,
+    partial: bool,
+    ctx: &ConnCtx,
+) {
+    count_timeout(&ctx.shared, "header_read");
+    if partial {
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            let mut out: &[u8] = crate::refused::HEAD_TIMEOUT_RESPONSE;
+            while !out.is_empty() {
+                let n = poll_fn(|cx| wire.poll_write_vectored(cx, &[std::io::IoSlice::new(out)]))
+                    .await?;
+                if n == 0 {
+                    break;
+                }
+                out = &out[n..];
+            }
+            poll_fn(|cx| wire.poll_flush(cx)).await
+        })
+        .await;
+        crate::refused::record(
+            &ctx.shared,
+            ctx.remote,
+            "HTTP/1.1",
+            crate::error::Cause::ClientTimeout,
+            Some("header_read_timeout"),
+        );
+    }
+    close(wire).await;
+}

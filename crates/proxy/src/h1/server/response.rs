@@ -1,0 +1,461 @@
+//! Writes a response to the downstream client: the status line always `HTTP/1.1` (RFC 9110
+//! §6.2: a server sends its own version, also to an HTTP/1.0 client), the header fields, the
+//! body framed as it dictates (`Content-Length`, `chunked`, or until the close for an
+//! HTTP/1.0 client), no body for HEAD, 204 and 304, trailers to a client that sent
+//! `TE: trailers`. The head goes out with the body bytes already at hand in one vectored
+//! write. The framing rules are hyper's server's, so clients see what they saw before.
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use http::{Response, StatusCode};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::wire::Shared;
+use crate::body::RespBody;
+use crate::listener::ConnActivity;
+
+/// What the writer needs to know of the request the response answers.
+pub(crate) struct Answering {
+    /// The response may leave the connection open (the client and the drain rules allow it).
+    pub keep_alive: bool,
+    /// The client speaks HTTP/1.0: no chunked body; keep-alive said with `Connection`.
+    pub http10: bool,
+    /// A `HEAD` request.
+    pub head_method: bool,
+    /// The client sent `TE: trailers`.
+    pub accepts_trailers: bool,
+}
+
+/// How the body goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Enc {
+    Length(u64),
+    Chunked,
+    /// Until the connection closes.
+    Close,
+}
+
+/// What is known of the body's length before it is read (hyper's `BodyLength`).
+enum Known {
+    None,
+    Exact(u64),
+    Unknown,
+}
+
+/// `n` in base `radix` (10 or 16), as ASCII digits.
+fn put_num(out: &mut BytesMut, mut n: u64, radix: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789abcdef"[(n % radix) as usize];
+        n /= radix;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[i..]);
+}
+
+/// The per-second `Date` value, made once a second per serving thread.
+fn date(out: &mut BytesMut) {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs || d.1.is_empty() {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        out.put_slice(d.1.as_bytes());
+    });
+}
+
+/// Writes `resp`; `Ok(true)` when the connection may carry another request.
+pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
+    wire: &Shared<IO>,
+    wbuf: &mut BytesMut,
+    resp: Response<RespBody>,
+    req: &Answering,
+    send_timeout: Duration,
+    activity: &ConnActivity,
+) -> io::Result<bool> {
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status;
+    let informational = status.is_informational();
+    let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+    let can_chunk = !req.head_method && !informational && !no_content;
+    let can_length = !informational && !no_content;
+    let known = if body.is_end_stream() {
+        Known::None
+    } else {
+        match body.size_hint().exact() {
+            Some(n) => Known::Exact(n),
+            None => Known::Unknown,
+        }
+    };
+    let mut keep_alive = req.keep_alive;
+
+    wbuf.clear();
+    if status == StatusCode::OK {
+        wbuf.put_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        wbuf.put_slice(b"HTTP/1.1 ");
+        wbuf.put_slice(status.as_str().as_bytes());
+        wbuf.put_u8(b' ');
+        wbuf.put_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+        wbuf.put_slice(b"\r\n");
+    }
+    let mut enc: Option<Enc> = None;
+    let mut wrote_date = false;
+    let mut trailer_fields: Option<Vec<HeaderName>> = None;
+    let mut connection = BytesMut::new();
+    let mut te_chunked_last = true;
+    let mut te_written = false;
+    for (name, value) in &parts.headers {
+        match *name {
+            header::CONTENT_LENGTH => {
+                if enc.is_some() && !matches!(enc, Some(Enc::Length(_))) {
+                    continue;
+                }
+                match known {
+                    Known::Exact(n) => {
+                        if enc.is_some() {
+                            continue;
+                        }
+                        enc = Some(Enc::Length(n));
+                    }
+                    Known::Unknown => {
+                        if enc.is_some() {
+                            continue;
+                        }
+                        let Some(n) = std::str::from_utf8(value.as_bytes())
+                            .ok()
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                        else {
+                            return Err(io::Error::other("invalid Content-Length in a response"));
+                        };
+                        enc = Some(Enc::Length(n));
+                    }
+                    // No body: the field stays only on a response to HEAD.
+                    Known::None if !req.head_method => continue,
+                    Known::None => enc = Some(Enc::Length(0)),
+                }
+            }
+            header::TRANSFER_ENCODING => {
+                if req.http10 || !can_chunk || matches!(enc, Some(Enc::Length(_))) {
+                    continue;
+                }
+                enc = Some(Enc::Chunked);
+                te_chunked_last = value
+                    .as_bytes()
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|t| crate::h1::head::trim_ows(t).eq_ignore_ascii_case(b"chunked"));
+                wbuf.put_slice(if te_written {
+                    &b", "[..]
+                } else {
+                    &b"transfer-encoding: "[..]
+                });
+                wbuf.put_slice(value.as_bytes());
+                te_written = true;
+                continue;
+            }
+            header::CONNECTION => {
+                for t in value.as_bytes().split(|&b| b == b',') {
+                    if crate::h1::head::trim_ows(t).eq_ignore_ascii_case(b"close") {
+                        keep_alive = false;
+                    }
+                }
+                if !connection.is_empty() {
+                    connection.put_slice(b", ");
+                }
+                connection.put_slice(value.as_bytes());
+                continue;
+            }
+            header::DATE => wrote_date = true,
+            header::TRAILER => {
+                if req.http10 || !can_chunk {
+                    continue;
+                }
+                if let Ok(v) = value.to_str() {
+                    trailer_fields.get_or_insert_with(Vec::new).extend(
+                        v.split(',')
+                            .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok()),
+                    );
+                }
+            }
+            _ => {}
+        }
+        if te_written {
+            // The transfer-encoding line is ended before any other field.
+            if !te_chunked_last {
+                wbuf.put_slice(b", chunked");
+            }
+            wbuf.put_slice(b"\r\n");
+            te_written = false;
+            te_chunked_last = true;
+        }
+        wbuf.put_slice(name.as_str().as_bytes());
+        wbuf.put_slice(b": ");
+        wbuf.put_slice(value.as_bytes());
+        wbuf.put_slice(b"\r\n");
+    }
+    if te_written {
+        if !te_chunked_last {
+            wbuf.put_slice(b", chunked");
+        }
+        wbuf.put_slice(b"\r\n");
+    }
+    let mut enc = match enc {
+        Some(e) => e,
+        None => match known {
+            Known::Unknown if req.http10 || !can_chunk => Enc::Close,
+            Known::Unknown => {
+                wbuf.put_slice(b"transfer-encoding: chunked\r\n");
+                Enc::Chunked
+            }
+            Known::None | Known::Exact(0) => {
+                if can_length && !req.head_method {
+                    wbuf.put_slice(b"content-length: 0\r\n");
+                }
+                Enc::Length(0)
+            }
+            Known::Exact(n) => {
+                if can_length {
+                    wbuf.put_slice(b"content-length: ");
+                    put_num(wbuf, n, 10);
+                    wbuf.put_slice(b"\r\n");
+                    Enc::Length(n)
+                } else {
+                    Enc::Length(0)
+                }
+            }
+        },
+    };
+    if !can_chunk {
+        // HEAD, 1xx, 204, 304: never a body, whatever the fields say.
+        enc = Enc::Length(0);
+    }
+    if enc == Enc::Close && can_chunk {
+        keep_alive = false;
+    }
+    // The connection's fate, said to the client: an HTTP/1.0 client keeps it only when told
+    // `keep-alive`; an HTTP/1.1 one is told `close` when it ends here.
+    let has = |tok: &[u8]| {
+        connection[..]
+            .split(|&b| b == b',')
+            .any(|t| crate::h1::head::trim_ows(t).eq_ignore_ascii_case(tok))
+    };
+    let add: Option<&[u8]> = if keep_alive {
+        (req.http10 && !has(b"keep-alive")).then_some(&b"keep-alive"[..])
+    } else {
+        (!has(b"close")).then_some(&b"close"[..])
+    };
+    if !connection.is_empty() || add.is_some() {
+        wbuf.put_slice(b"connection: ");
+        wbuf.put_slice(&connection);
+        if let Some(a) = add {
+            if !connection.is_empty() {
+                wbuf.put_slice(b", ");
+            }
+            wbuf.put_slice(a);
+        }
+        wbuf.put_slice(b"\r\n");
+    }
+    if !wrote_date {
+        wbuf.put_slice(b"date: ");
+        date(wbuf);
+        wbuf.put_slice(b"\r\n");
+    }
+    wbuf.put_slice(b"\r\n");
+    let head = wbuf.split().freeze();
+    let trailers_allowed = req.accepts_trailers && enc == Enc::Chunked;
+    let mut out = Out {
+        wire,
+        send_timeout,
+        activity,
+    };
+
+    if enc == Enc::Length(0) {
+        // Nothing of the body goes out: it is dropped unread, as hyper did.
+        drop(body);
+        out.write_all(&mut [head]).await?;
+        return Ok(keep_alive);
+    }
+
+    let mut pending: Vec<Bytes> = Vec::with_capacity(4);
+    pending.push(head);
+    let mut left = match enc {
+        Enc::Length(n) => n,
+        _ => 0,
+    };
+    loop {
+        // A frame at hand goes out with what is queued; none at hand: the queue goes now.
+        let frame = if pending.is_empty() {
+            poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        } else if pending.len() >= 16 {
+            out.write_all(&mut pending).await?;
+            pending.clear();
+            continue;
+        } else {
+            match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+                Poll::Ready(f) => f,
+                Poll::Pending => {
+                    out.write_all(&mut pending).await?;
+                    pending.clear();
+                    continue;
+                }
+            }
+        };
+        match frame {
+            None => {
+                match enc {
+                    Enc::Chunked => {
+                        pending.push(Bytes::from_static(b"0\r\n\r\n"));
+                    }
+                    // Shorter than its length: the client can only tell by the close.
+                    Enc::Length(_) if left > 0 => keep_alive = false,
+                    _ => {}
+                }
+                drop(body);
+                out.write_all(&mut pending).await?;
+                return Ok(keep_alive);
+            }
+            Some(Err(e)) => {
+                // Cut mid-body: the client sees the close before the end.
+                drop(body);
+                if !pending.is_empty() {
+                    let _ = out.write_all(&mut pending).await;
+                }
+                return Err(io::Error::other(e));
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    if data.is_empty() {
+                        continue;
+                    }
+                    match enc {
+                        Enc::Length(_) => {
+                            if data.len() as u64 > left {
+                                drop(body);
+                                return Err(io::Error::other(
+                                    "response body longer than its Content-Length",
+                                ));
+                            }
+                            left -= data.len() as u64;
+                            pending.push(data);
+                        }
+                        Enc::Chunked => {
+                            let mut line = BytesMut::with_capacity(18);
+                            put_num(&mut line, data.len() as u64, 16);
+                            line.put_slice(b"\r\n");
+                            pending.push(line.freeze());
+                            pending.push(data);
+                            pending.push(Bytes::from_static(b"\r\n"));
+                        }
+                        Enc::Close => pending.push(data),
+                    }
+                }
+                Err(frame) => {
+                    let Ok(trailers) = frame.into_trailers() else {
+                        continue;
+                    };
+                    if !trailers_allowed {
+                        continue;
+                    }
+                    let allowed = trailer_fields.as_deref().unwrap_or(&[]);
+                    let mut end = BytesMut::new();
+                    end.put_slice(b"0\r\n");
+                    for (name, value) in &trailers {
+                        if allowed.contains(name) {
+                            end.put_slice(name.as_str().as_bytes());
+                            end.put_slice(b": ");
+                            end.put_slice(value.as_bytes());
+                            end.put_slice(b"\r\n");
+                        }
+                    }
+                    end.put_slice(b"\r\n");
+                    pending.push(end.freeze());
+                    // The trailers end the body.
+                    drop(body);
+                    out.write_all(&mut pending).await?;
+                    return Ok(keep_alive);
+                }
+            },
+        }
+    }
+}
+
+/// The client's side of the connection, with `send_timeout` on every write.
+struct Out<'a, IO> {
+    wire: &'a Shared<IO>,
+    send_timeout: Duration,
+    activity: &'a ConnActivity,
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
+    /// Writes every byte of `bufs` and flushes; a write the client does not accept for
+    /// `send_timeout` fails (nginx's `send_timeout`, between two successive writes).
+    async fn write_all(&mut self, bufs: &mut [Bytes]) -> io::Result<()> {
+        let mut first = 0;
+        while first < bufs.len() {
+            if bufs[first].is_empty() {
+                first += 1;
+                continue;
+            }
+            let mut slices = [IoSlice::new(&[]); 16];
+            let mut k = 0;
+            for (s, b) in slices.iter_mut().zip(bufs[first..].iter()) {
+                *s = IoSlice::new(b);
+                k += 1;
+            }
+            let wire = self.wire;
+            let written = tokio::time::timeout(
+                self.send_timeout,
+                poll_fn(|cx| wire.poll_write_vectored(cx, &slices[..k])),
+            )
+            .await;
+            let mut n = match written {
+                Err(_) => return Err(self.timed_out()),
+                Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(r) => r?,
+            };
+            while n > 0 {
+                let b = &mut bufs[first];
+                if n >= b.len() {
+                    n -= b.len();
+                    *b = Bytes::new();
+                    first += 1;
+                } else {
+                    let _ = b.split_to(n);
+                    n = 0;
+                }
+            }
+        }
+        let wire = self.wire;
+        match tokio::time::timeout(self.send_timeout, poll_fn(|cx| wire.poll_flush(cx))).await {
+            Err(_) => Err(self.timed_out()),
+            Ok(r) => r,
+        }
+    }
+
+    fn timed_out(&self) -> io::Error {
+        self.activity.note_send_timeout();
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client accepted no response byte for send_timeout",
+        )
+    }
+}

@@ -1,0 +1,186 @@
+//! upkeep's own HTTP/1 server side (docs/http1.md), on the wire: HTTP/1.0 clients answered
+//! `HTTP/1.1` with the keep-alive rules of RFC 9112 appendix C.2.2, pipelined requests in
+//! order, and a request the own server hands to hyper in the middle of a connection.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{one_group, upkeep};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::Command;
+use upkeep_test_support::TestBackend;
+
+async fn curl(args: &[&str]) -> (String, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        Command::new("curl").args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("curl finishes")
+    .expect("curl runs");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Reads from `s` until `text` has been seen `times` times (or 5 s pass).
+async fn read_until_count(s: &mut TcpStream, text: &str, times: usize) -> String {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while String::from_utf8_lossy(&out).matches(text).count() < times {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether the peer closed `s` within 3 s (a read returns 0).
+async fn closes(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 1024];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test]
+async fn curl_http10_gets_an_http11_status_line_and_keeps_its_connection_only_when_it_asks() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    let url = format!("http://{}/one", up.listeners[0]);
+
+    // Plain HTTP/1.0: answered HTTP/1.1, told `close`, and the connection is not reused.
+    let (body, trace) = curl(&["-sv", "--http1.0", &url, &url]).await;
+    assert_eq!(body, "b /one\nb /one\n", "{trace}");
+    assert_eq!(trace.matches("< HTTP/1.1 200 OK").count(), 2, "{trace}");
+    assert!(!trace.contains("< HTTP/1.0"), "{trace}");
+    assert_eq!(trace.matches("< connection: close").count(), 2, "{trace}");
+    assert_eq!(trace.matches("Connected to").count(), 2, "{trace}");
+
+    // HTTP/1.0 with `Connection: keep-alive`: told `keep-alive`, one connection for both.
+    let (body, trace) = curl(&[
+        "-sv",
+        "--http1.0",
+        "-H",
+        "Connection: keep-alive",
+        &url,
+        &url,
+    ])
+    .await;
+    assert_eq!(body, "b /one\nb /one\n", "{trace}");
+    assert_eq!(trace.matches("< HTTP/1.1 200 OK").count(), 2, "{trace}");
+    assert_eq!(
+        trace.matches("< connection: keep-alive").count(),
+        2,
+        "{trace}"
+    );
+    assert_eq!(trace.matches("Connected to").count(), 1, "{trace}");
+    assert!(trace.contains("Re-using existing connection"), "{trace}");
+}
+
+#[tokio::test]
+async fn a_raw_http10_client_is_answered_http11_and_closed_unless_it_asked_to_keep_alive() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    let l = up.listeners[0];
+
+    let mut s = TcpStream::connect(l).await.unwrap();
+    s.write_all(b"GET /old HTTP/1.0\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_until_count(&mut s, "b /old\n", 1).await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    assert!(resp.contains("\r\nconnection: close\r\n"), "{resp}");
+    assert!(!resp.contains("keep-alive"), "{resp}");
+    assert!(resp.contains("\r\ncontent-length: 7\r\n"), "{resp}");
+    assert!(
+        closes(&mut s).await,
+        "the connection closes after the answer"
+    );
+
+    let mut s = TcpStream::connect(l).await.unwrap();
+    for i in 1..=2 {
+        s.write_all(b"GET /ka HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n")
+            .await
+            .unwrap();
+        let resp = read_until_count(&mut s, "b /ka\n", 1).await;
+        assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{i}: {resp}");
+        assert!(
+            resp.contains("\r\nconnection: keep-alive\r\n"),
+            "{i}: {resp}"
+        );
+        assert!(
+            resp.contains("\r\nkeep-alive: timeout=620\r\n"),
+            "{i}: {resp}"
+        );
+    }
+    assert_eq!(b.seen().len(), 3);
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
+    // The first is the slowest: answers still come in the order asked.
+    s.write_all(
+        b"GET /sleep/200 HTTP/1.1\r\nHost: a\r\n\r\n\
+          GET /sleep/10 HTTP/1.1\r\nHost: a\r\n\r\n\
+          HEAD /three HTTP/1.1\r\nHost: a\r\n\r\n\
+          GET /four HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let resp = read_until_count(&mut s, "b /four\n", 1).await;
+    assert_eq!(resp.matches("HTTP/1.1 200 OK\r\n").count(), 4, "{resp}");
+    let first = resp.find("b slept 200\n").expect("first answer");
+    let second = resp.find("b slept 10\n").expect("second answer");
+    let fourth = resp.find("b /four\n").expect("fourth answer");
+    assert!(first < second && second < fourth, "{resp}");
+    assert!(
+        !resp.contains("b /three"),
+        "HEAD is answered without a body: {resp}"
+    );
+    let paths: Vec<String> = b.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(paths, ["/sleep/200", "/sleep/10", "/three", "/four"]);
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_after_a_bodiless_one_on_the_same_connection_is_answered() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
+    s.write_all(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_until_count(&mut s, "b /first\n", 1).await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+
+    // Then a body, and behind it (pipelined) a chunked one and a bodiless one.
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello\
+          POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n\
+          GET /last HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let resp = read_until_count(&mut s, "b /last\n", 1).await;
+    assert_eq!(resp.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{resp}");
+    let five = resp.find("\r\n\r\n5\n").expect("the first upload's length");
+    let three = resp
+        .find("\r\n\r\n3\n")
+        .expect("the second upload's length");
+    assert!(five < three, "{resp}");
+    let seen = b.seen();
+    assert_eq!(seen.len(), 4);
+    assert_eq!((seen[1].body_len, seen[2].body_len), (5, 3));
+    assert_eq!(seen[3].path, "/last");
+}
