@@ -80,6 +80,12 @@ impl ConnActivity {
         }
     }
 
+    /// A connection's activity for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        Self::new()
+    }
+
     /// Whether the connection was cut at `send_timeout`.
     pub fn send_timed_out(&self) -> bool {
         self.send_timed_out.load(Ordering::Relaxed)

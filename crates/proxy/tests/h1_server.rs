@@ -184,3 +184,36 @@ async fn a_request_with_a_body_after_a_bodiless_one_on_the_same_connection_is_an
     assert_eq!((seen[1].body_len, seen[2].body_len), (5, 3));
     assert_eq!(seen[3].path, "/last");
 }
+
+#[tokio::test]
+async fn an_expect_request_handed_to_hyper_after_a_bodiless_one_on_the_same_connection_is_answered()
+{
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "")).await;
+    let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
+    s.write_all(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_until_count(&mut s, "b /first\n", 1).await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+
+    // `Expect: 100-continue` goes to the hyper path (crate::expect) with the connection:
+    // the client waits for the `100` the upstream asks for, then sends its body.
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let cont = read_until_count(&mut s, "\r\n\r\n", 1).await;
+    assert!(cont.starts_with("HTTP/1.1 100 Continue\r\n"), "{cont}");
+    s.write_all(b"helloGET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_until_count(&mut s, "b /after\n", 1).await;
+    assert_eq!(resp.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{resp}");
+    assert!(resp.contains("\r\n\r\n5\n"), "{resp}");
+    let seen = b.seen();
+    assert_eq!(seen.len(), 3);
+    assert_eq!((seen[1].path.as_str(), seen[1].body_len), ("/upload", 5));
+    assert_eq!(seen[2].path, "/after");
+}

@@ -205,3 +205,88 @@ fn put_back(raw: &[u8], buf: &mut BytesMut) {
     back.extend_from_slice(buf);
     *buf = back;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(raw: &[u8]) -> (Parsed, BytesMut) {
+        let mut buf = BytesMut::from(raw);
+        let mut fields = Fields::new();
+        let p = parse(&mut buf, &mut fields, 8192);
+        (p, buf)
+    }
+
+    #[test]
+    fn a_head_is_taken_off_and_what_follows_stays() {
+        let (p, rest) = parse_all(b"GET /a?b HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\nGET /next");
+        let Parsed::Request(h) = p else {
+            panic!("not parsed")
+        };
+        assert_eq!(h.request.uri(), "/a?b");
+        assert_eq!(h.request.headers()["x-a"], "1");
+        assert!(h.keep_alive && !h.http10 && h.body.is_none());
+        assert_eq!(&rest[..], b"GET /next");
+        assert!(matches!(
+            parse_all(b"GET / HTTP/1.1\r\nHost: x\r\n").0,
+            Parsed::Partial
+        ));
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection_field() {
+        let ka = |raw: &[u8]| match parse_all(raw).0 {
+            Parsed::Request(h) => h.keep_alive,
+            _ => panic!("not parsed"),
+        };
+        assert!(ka(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(!ka(
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!ka(b"GET / HTTP/1.0\r\n\r\n"));
+        assert!(ka(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+    }
+
+    #[test]
+    fn bodies_are_framed_and_ambiguous_or_unserved_heads_are_handed_over_untouched() {
+        let framing = |raw: &[u8]| match parse_all(raw).0 {
+            Parsed::Request(h) => h.body,
+            _ => panic!("not parsed"),
+        };
+        assert_eq!(
+            framing(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n"),
+            Some(Framing::Length(12))
+        );
+        assert_eq!(
+            framing(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            framing(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab"),
+            Some(Framing::Chunked)
+        );
+        let cases: &[&[u8]] = &[
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
+            b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+        ];
+        for c in cases {
+            let (p, rest) = parse_all(c);
+            assert!(
+                matches!(p, Parsed::HandOver),
+                "served {:?}",
+                String::from_utf8_lossy(c)
+            );
+            assert_eq!(&rest[..], *c, "the buffer is left as it was");
+        }
+    }
+}

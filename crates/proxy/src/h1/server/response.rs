@@ -459,3 +459,79 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    async fn written(resp: Response<RespBody>, req: Answering) -> (String, bool) {
+        let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+        let wire = Shared::new(ours, BytesMut::new());
+        let activity = ConnActivity::for_tests();
+        let mut wbuf = BytesMut::new();
+        let keep = write(
+            &wire,
+            &mut wbuf,
+            resp,
+            &req,
+            Duration::from_secs(1),
+            &activity,
+        )
+        .await
+        .unwrap();
+        drop(wire);
+        let mut out = Vec::new();
+        theirs.read_to_end(&mut out).await.unwrap();
+        (String::from_utf8(out).unwrap(), keep)
+    }
+
+    fn answering(http10: bool, keep_alive: bool, head_method: bool) -> Answering {
+        Answering {
+            keep_alive,
+            http10,
+            head_method,
+            accepts_trailers: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_http10_client_gets_http11_with_its_connection_said() {
+        let (out, keep) = written(
+            Response::new(RespBody::full("hi")),
+            answering(true, false, false),
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(out.contains("\r\ncontent-length: 2\r\n"), "{out}");
+        assert!(out.contains("\r\nconnection: close\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\nhi"), "{out}");
+        assert!(!keep);
+        let (out, keep) = written(
+            Response::new(RespBody::full("hi")),
+            answering(true, true, false),
+        )
+        .await;
+        assert!(out.contains("\r\nconnection: keep-alive\r\n"), "{out}");
+        assert!(keep);
+    }
+
+    #[tokio::test]
+    async fn head_204_and_304_have_no_body() {
+        let mut resp = Response::new(RespBody::full("hello"));
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, "5".parse().unwrap());
+        let (out, keep) = written(resp, answering(false, true, true)).await;
+        assert!(out.contains("\r\ncontent-length: 5\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\n"), "{out}");
+        assert!(keep);
+        for status in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
+            let mut resp = Response::new(RespBody::empty());
+            *resp.status_mut() = status;
+            let (out, _) = written(resp, answering(false, true, false)).await;
+            assert!(out.starts_with(&format!("HTTP/1.1 {status}\r\n")), "{out}");
+            assert!(!out.contains("content-length"), "{out}");
+            assert!(out.ends_with("\r\n\r\n"), "{out}");
+        }
+    }
+}
