@@ -63,6 +63,9 @@ where
     let activity = &*ctx.activity;
     let wire = Shared::new(io, BytesMut::from(prefix));
     let mut wbuf = BytesMut::new();
+    // The slices of one response waiting for the socket (reused: no allocation per
+    // response).
+    let mut pending = Vec::with_capacity(4);
     let mut fields = request::Fields::new();
     // Told to close: the rules of `crate::listener::drive` (after the next response once a
     // request is under way; once quiet when idle).
@@ -170,6 +173,7 @@ where
         let written = response::write(
             &wire,
             &mut wbuf,
+            &mut pending,
             resp,
             &answering,
             cfg.send_timeout,

@@ -86,6 +86,7 @@ fn date(out: &mut BytesMut) {
 pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
     wire: &Shared<IO>,
     wbuf: &mut BytesMut,
+    pending: &mut Vec<Bytes>,
     resp: Response<RespBody>,
     req: &Answering,
     send_timeout: Duration,
@@ -295,7 +296,7 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
         return Ok(keep_alive);
     }
 
-    let mut pending: Vec<Bytes> = Vec::with_capacity(4);
+    pending.clear();
     pending.push(head);
     let mut left = match enc {
         Enc::Length(n) => n,
@@ -306,14 +307,14 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
         let frame = if pending.is_empty() {
             poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
         } else if pending.len() >= 16 {
-            out.write_all(&mut pending).await?;
+            out.write_all(pending).await?;
             pending.clear();
             continue;
         } else {
             match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
                 Poll::Ready(f) => f,
                 Poll::Pending => {
-                    out.write_all(&mut pending).await?;
+                    out.write_all(pending).await?;
                     pending.clear();
                     continue;
                 }
@@ -330,14 +331,14 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
                     _ => {}
                 }
                 drop(body);
-                out.write_all(&mut pending).await?;
+                out.write_all(pending).await?;
                 return Ok(keep_alive);
             }
             Some(Err(e)) => {
                 // Cut mid-body: the client sees the close before the end.
                 drop(body);
                 if !pending.is_empty() {
-                    let _ = out.write_all(&mut pending).await;
+                    let _ = out.write_all(pending).await;
                 }
                 return Err(io::Error::other(e));
             }
@@ -390,7 +391,7 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
                     pending.push(end.freeze());
                     // The trailers end the body.
                     drop(body);
-                    out.write_all(&mut pending).await?;
+                    out.write_all(pending).await?;
                     return Ok(keep_alive);
                 }
             },
@@ -422,15 +423,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
                 k += 1;
             }
             let wire = self.wire;
-            let written = tokio::time::timeout(
-                self.send_timeout,
-                poll_fn(|cx| wire.poll_write_vectored(cx, &slices[..k])),
-            )
-            .await;
-            let mut n = match written {
-                Err(_) => return Err(self.timed_out()),
-                Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(r) => r?,
+            let mut n = match self
+                .bounded(|cx| wire.poll_write_vectored(cx, &slices[..k]))
+                .await?
+            {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => n,
             };
             while n > 0 {
                 let b = &mut bufs[first];
@@ -445,7 +443,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
             }
         }
         let wire = self.wire;
-        match tokio::time::timeout(self.send_timeout, poll_fn(|cx| wire.poll_flush(cx))).await {
+        self.bounded(|cx| wire.poll_flush(cx)).await
+    }
+
+    /// One write (or flush): tried at once, and only when the client's window is full is
+    /// it bounded by `send_timeout` (no timer per write that completes).
+    async fn bounded<T>(
+        &self,
+        mut op: impl FnMut(&mut std::task::Context<'_>) -> Poll<io::Result<T>>,
+    ) -> io::Result<T> {
+        let now = poll_fn(|cx| match op(cx) {
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        if let Some(r) = now {
+            return r;
+        }
+        match tokio::time::timeout(self.send_timeout, poll_fn(op)).await {
             Err(_) => Err(self.timed_out()),
             Ok(r) => r,
         }
@@ -473,6 +488,7 @@ mod tests {
         let keep = write(
             &wire,
             &mut wbuf,
+            &mut Vec::new(),
             resp,
             &req,
             Duration::from_secs(1),
