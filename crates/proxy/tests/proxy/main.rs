@@ -18,6 +18,7 @@ mod ejection;
 mod expect;
 mod fuzz_corpus;
 mod grpc;
+mod h1_server;
 mod h2_refused;
 mod h2_tls;
 mod h2_upstream;

@@ -2,15 +2,14 @@
 //! `HTTP/1.1` with the keep-alive rules of RFC 9112 appendix C.2.2, pipelined requests in
 //! order, and a request the own server hands to hyper in the middle of a connection.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{one_group, upkeep};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::Command;
 use upkeep_test_support::TestBackend;
+
+use crate::support::{one_group, upkeep};
 
 async fn curl(args: &[&str]) -> (String, String) {
     let out = tokio::time::timeout(
