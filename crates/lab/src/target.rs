@@ -356,6 +356,23 @@ impl Running {
                 let _ = self.child.kill().await;
             }
         }
+        // A process an upgrade started that the run never learned about (its upgrade step
+        // was cut short by the end of the run) still names this run's config: stop it too.
+        if self.kind == TargetKind::Upkeep {
+            let left = control::serving_with(&self.dir.join("upkeep.toml"));
+            for pid in &left {
+                let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGTERM);
+            }
+            for _ in 0..100 {
+                if !left.iter().any(|p| control::alive(*p)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for pid in left.iter().filter(|p| control::alive(**p)) {
+                let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+            }
+        }
         let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
         match self.kind {
             TargetKind::Upkeep => TargetLogs {

@@ -121,10 +121,33 @@ upkeep_has_no_errors! {
     upkeep_has_no_errors_in_the_keepalive_race_with_post => "keepalive-race-post",
     upkeep_has_no_restarts_or_cuts_while_an_optional_group_is_down => "probe-cascade",
     upkeep_cuts_no_request_when_drained_with_sigterm => "drain",
-    upkeep_refuses_no_connection_across_a_binary_upgrade => "upgrade",
     upkeep_has_no_errors_when_a_reload_changes_a_timeout_while_dns_is_silent => "reload-under-dns-failure",
     upkeep_has_no_errors_through_a_rolling_update_seen_in_endpointslices => "k8s-rolling-update",
     upkeep_has_no_errors_when_the_watch_is_cut_and_relisted_after_410 => "k8s-watch-gone",
+}
+
+/// A binary upgrade under load refuses no connection; the run follows the new process (its
+/// fault line names both pids) and stops it at the end: none outlives the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upkeep_refuses_no_connection_across_a_binary_upgrade() {
+    let r = run("upgrade", TargetKind::Upkeep).await;
+    let label = r
+        .faults
+        .iter()
+        .map(|f| f.label.clone())
+        .find(|l| l.starts_with("upgrade:"))
+        .unwrap_or_else(|| panic!("the run recorded no upgrade step: {:?}", r.faults));
+    let new: u32 = label
+        .rsplit_once("-> ")
+        .and_then(|(_, p)| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the run did not follow the new process: {label}"));
+    assert_clean("upgrade", r);
+    // Gone, or a zombie its new parent has not reaped yet.
+    let running = std::fs::read_to_string(format!("/proc/{new}/stat")).is_ok_and(|st| {
+        st.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    });
+    assert!(!running, "the upgraded process {new} outlived the run");
 }
 
 macro_rules! upkeep_has_no_errors_shortened {

@@ -5,7 +5,7 @@
 //! HAProxy's master re-executes its binary on SIGUSR2). The pid that serves after an upgrade
 //! is followed, so the run stops the right process.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,7 +99,8 @@ impl Control {
         match self.kind {
             TargetKind::Upkeep => {
                 send(old, Signal::SIGUSR2);
-                match wait_for(|| child_named(old, "upkeep")).await {
+                let config = self.dir.join("upkeep.toml");
+                match wait_for(|| upkeep_serving(&config, old)).await {
                     Some(new) => {
                         self.pid.store(new, Ordering::Relaxed);
                         format!("upgrade: SIGUSR2, pid {old} -> {new}")
@@ -146,15 +147,25 @@ async fn wait_for(mut found: impl FnMut() -> Option<u32>) -> Option<u32> {
     None
 }
 
-/// A child of `parent` whose command name is `name` (Linux's /proc).
-fn child_named(parent: u32, name: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        // `pid (comm) state ppid ...`; comm may hold spaces, so split at the last ')'.
-        let (head, rest) = stat.rsplit_once(')')?;
-        let comm = head.split_once('(')?.1;
-        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == parent && comm == name).then_some(pid)
-    })
+/// Another live `upkeep serve --config CONFIG` than `old` (Linux's /proc). Found by its
+/// command line, not as a child of `old`: the old process may hand over and exit before a
+/// scan sees the new one, which then belongs to init.
+fn upkeep_serving(config: &Path, old: u32) -> Option<u32> {
+    serving_with(config).into_iter().find(|p| *p != old)
+}
+
+/// Live processes whose command line names `config` (each run writes its config in a temp
+/// dir of its own, so only that run's target processes do).
+pub(super) fn serving_with(config: &Path) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let want = config.as_os_str().as_encoded_bytes();
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            (cmdline.split(|b| *b == 0).any(|arg| arg == want) && alive(pid)).then_some(pid)
+        })
+        .collect()
 }
