@@ -55,10 +55,11 @@ pub fn declared(headers: &HeaderMap) -> Vec<HeaderValue> {
     headers.get_all(header::TRAILER).iter().cloned().collect()
 }
 
-/// An HTTP/2 peer does not declare its trailers ahead, and hyper's HTTP/1.1 server sends
-/// only the declared ones: a gRPC answer is declared with the status trailers every gRPC
-/// call ends with, so an HTTP/1.1 client with `TE: trailers` gets them (custom trailing
-/// metadata, unknown ahead, is not declared and does not pass).
+/// An HTTP/2 peer does not declare its trailers ahead: a gRPC answer is declared with the
+/// status trailers every gRPC call ends with, so an HTTP/1.1 client with `TE: trailers` knows
+/// them from the head. upkeep's own HTTP/1 server sends every trailer field all the same
+/// (custom trailing metadata included); hyper's server, which carries the requests handed to
+/// it (`Expect`, upgrades), sends only the declared ones.
 pub fn declare_grpc(headers: &HeaderMap, declared: &mut Vec<HeaderValue>) {
     if declared.is_empty() && crate::grpc::is_grpc(headers) {
         declared.push(HeaderValue::from_static(
@@ -67,8 +68,8 @@ pub fn declare_grpc(headers: &HeaderMap, declared: &mut Vec<HeaderValue>) {
     }
 }
 
-/// Puts a response's `Trailer` declaration back when the client takes trailers: an HTTP/1.1
-/// downstream sends only the declared fields, and none without it.
+/// Puts a response's `Trailer` declaration back when the client takes trailers (and none
+/// when it does not: then no trailer field reaches it either).
 pub fn restore_response(headers: &mut HeaderMap, declared: Vec<HeaderValue>, accepts: bool) {
     if accepts {
         for v in declared {

@@ -314,7 +314,7 @@ async fn grpc_timeout_bounds_a_streaming_call_after_its_response_head() {
 }
 
 #[tokio::test]
-async fn grpc_status_trailers_reach_an_http11_client_that_sent_te_trailers() {
+async fn grpc_status_and_custom_trailers_reach_an_http11_client_that_sent_te_trailers() {
     let Some((_s, up)) = through_upkeep("").await else {
         return;
     };
@@ -356,5 +356,11 @@ async fn grpc_status_trailers_reach_an_http11_client_that_sent_te_trailers() {
         with[last_chunk..].contains("grpc-status: 0\r\n"),
         "grpc-status in the trailer section: {with}"
     );
+    // The call's custom trailing metadata, unknown when the head went out, follows it.
+    assert!(
+        with[last_chunk..].contains("x-trailer: done\r\n"),
+        "custom trailing metadata in the trailer section: {with}"
+    );
     assert!(!without.contains("grpc-status"), "{without}");
+    assert!(!without.contains("x-trailer"), "{without}");
 }

@@ -246,6 +246,35 @@ async fn http1_trailers_pass_only_when_the_client_sent_te_trailers() {
     assert!(!heads[1].contains("\r\nte:"), "{}", heads[1]);
 }
 
+/// curl over HTTP/1.1 in front of an HTTP/2 upstream whose answer ends with `x-sum: 42`, a
+/// trailer it never declared (HTTP/2 has no need to): with `TE: trailers` curl gets it in the
+/// chunked trailer section, without it the body ends with no trailer section.
+#[tokio::test]
+async fn http2_upstream_undeclared_trailers_reach_an_http11_client_that_sent_te_trailers() {
+    let b = H2Backend::start().await;
+    let up = upkeep(&one_group(&[b.addr], HTTP2)).await;
+    let run = |te: bool| {
+        let mut c = tokio::process::Command::new("curl");
+        c.args(["-sS", "--raw", "-i", "--http1.1", "--max-time", "10"]);
+        if te {
+            c.args(["-H", "TE: trailers"]);
+        }
+        c.arg(format!("http://{}/t", up.listeners[0]))
+            .kill_on_drop(true)
+            .output()
+    };
+    let with = run(true).await.expect("curl runs");
+    let with = String::from_utf8_lossy(&with.stdout).to_ascii_lowercase();
+    assert!(with.starts_with("http/1.1 200"), "{with}");
+    assert!(with.contains("transfer-encoding: chunked"), "{with}");
+    assert!(with.ends_with("\r\n0\r\nx-sum: 42\r\n\r\n"), "{with}");
+    let without = run(false).await.expect("curl runs");
+    let without = String::from_utf8_lossy(&without.stdout).to_ascii_lowercase();
+    assert!(without.starts_with("http/1.1 200"), "{without}");
+    assert!(without.ends_with("\r\n0\r\n\r\n"), "{without}");
+    assert!(!without.contains("x-sum"), "{without}");
+}
+
 #[tokio::test]
 async fn http2_upstream_failures_are_classified_like_http1_ones() {
     // Nothing listens: connect_failed.

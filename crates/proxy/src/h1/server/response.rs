@@ -2,8 +2,9 @@
 //! §6.2: a server sends its own version, also to an HTTP/1.0 client), the header fields, the
 //! body framed as it dictates (`Content-Length`, `chunked`, or until the close for an
 //! HTTP/1.0 client), no body for HEAD, 204 and 304, trailers to a client that sent
-//! `TE: trailers`. The head goes out with the body bytes already at hand in one vectored
-//! write. The framing rules are hyper's server's, so clients see what they saw before.
+//! `TE: trailers` (all the upstream sent, declared or not). The head goes out with the body bytes already at hand in one vectored
+//! write. The framing rules are hyper's server's, so clients see what they saw before; hyper's
+//! server sent only the trailer fields named in `Trailer`.
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
@@ -50,6 +51,24 @@ enum Known {
 }
 
 /// `n` in base `radix` (10 or 16), as ASCII digits.
+/// Whether an upstream trailer field may go on in the chunked trailer section. Every field
+/// passes, declared in `Trailer` or not (an HTTP/2 upstream declares none ahead: gRPC's
+/// custom trailing metadata is only known at the end), except those that frame, route or
+/// belong to one hop (RFC 9110 §6.5.1), which a trailer section must not carry.
+fn fit_for_trailer(name: &HeaderName) -> bool {
+    !matches!(
+        *name,
+        header::CONTENT_LENGTH
+            | header::TRANSFER_ENCODING
+            | header::TRAILER
+            | header::HOST
+            | header::CONNECTION
+            | header::TE
+            | header::UPGRADE
+    ) && name != "keep-alive"
+        && name != "proxy-connection"
+}
+
 fn put_num(out: &mut BytesMut, mut n: u64, radix: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
@@ -120,7 +139,6 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
     }
     let mut enc: Option<Enc> = None;
     let mut wrote_date = false;
-    let mut trailer_fields: Option<Vec<HeaderName>> = None;
     let mut connection = BytesMut::new();
     let mut te_chunked_last = true;
     let mut te_written = false;
@@ -186,17 +204,7 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
                 continue;
             }
             header::DATE => wrote_date = true,
-            header::TRAILER => {
-                if req.http10 || !can_chunk {
-                    continue;
-                }
-                if let Ok(v) = value.to_str() {
-                    trailer_fields.get_or_insert_with(Vec::new).extend(
-                        v.split(',')
-                            .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok()),
-                    );
-                }
-            }
+            header::TRAILER if req.http10 || !can_chunk => continue,
             _ => {}
         }
         if te_written {
@@ -376,11 +384,10 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
                     if !trailers_allowed {
                         continue;
                     }
-                    let allowed = trailer_fields.as_deref().unwrap_or(&[]);
                     let mut end = BytesMut::new();
                     end.put_slice(b"0\r\n");
                     for (name, value) in &trailers {
-                        if allowed.contains(name) {
+                        if fit_for_trailer(name) {
                             end.put_slice(name.as_str().as_bytes());
                             end.put_slice(b": ");
                             end.put_slice(value.as_bytes());
