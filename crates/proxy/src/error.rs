@@ -259,6 +259,13 @@ impl ProxyError {
         )
     }
 
+    /// The peer can take no connection now: it refused or did not answer a connect, or it
+    /// reset a fresh connection before any answer (what a peer whose listener just closed does
+    /// to the connections still in its accept queue).
+    pub fn is_peer_unreachable(&self) -> bool {
+        self.is_connect() || (matches!(self.kind, Kind::Reset) && !self.reused)
+    }
+
     /// The failure happened on a connection taken from the pool.
     pub fn is_reused(&self) -> bool {
         self.reused

@@ -625,10 +625,13 @@ async fn send_with_retries(
         let peer = match group.pick(&tried) {
             Ok(p) => p,
             Err(reason) => {
-                // Every peer refused a connection: inside the connect retry window, wait and
-                // go round again, so a short blip costs latency, not errors. One request at a
-                // time probes every 50-100 ms; the others wait for its success.
-                let only_connects = last.as_ref().is_some_and(ProxyError::is_connect);
+                // Every peer refused a connection (or reset a fresh one before answering, as a
+                // peer going down does to connections left in its accept queue; only a
+                // request safe to send again gets here after one): inside the connect retry
+                // window, wait and go round again, so a short blip costs latency, not errors.
+                // One request at a time probes every 50-100 ms; the others wait for its
+                // success.
+                let only_connects = last.as_ref().is_some_and(ProxyError::is_peer_unreachable);
                 if only_connects
                     && Instant::now() + Duration::from_millis(100) < window_end.min(deadline)
                 {

@@ -402,3 +402,72 @@ async fn retry_budget_holds_when_every_peer_fails() {
     );
     assert!(metric(&up, "upkeep_retry_budget_exhausted_total").await >= 10.0);
 }
+
+/// A backend whose first `resets` connections are reset as soon as their request arrives (the
+/// kernel had accepted them into the listen queue; the listener then closed, as when the
+/// backend stops), and which answers `200 ok` on every later one. Counts the requests seen.
+async fn resets_then_answers(
+    resets: usize,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                    }
+                }
+                if n < resets {
+                    // SO_LINGER 0: the close is a RST, not a FIN.
+                    socket2::SockRef::from(&s)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
+                    return;
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A peer that resets a fresh connection before answering is going down (its listener closed
+/// with connections still queued): with no other peer to try, an idempotent request waits in
+/// the connect retry window and is sent again when the peer accepts, as after a refused
+/// connect. A request that is not idempotent and was written is not sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_connection_reset_by_the_only_peer_is_retried_for_an_idempotent_request() {
+    let (addr, seen) = resets_then_answers(1).await;
+    let up = upkeep(&support::one_group(&[addr], "")).await;
+    let r = get(up.listeners[0], "x", "/").await;
+    assert_eq!(r.status, 200, "{:?}", r.header("upkeep-error"));
+    assert_eq!(&r.body[..], b"ok");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    let (addr, seen) = resets_then_answers(1).await;
+    let up = upkeep(&support::one_group(&[addr], "")).await;
+    let req = http::Request::post("/")
+        .header("host", "x")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"once",
+        )))
+        .unwrap();
+    let r = upkeep_test_support::send(up.listeners[0], req).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("upkeep-error"), Some("upstream_reset"));
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
