@@ -181,6 +181,8 @@ pub struct ProxyError {
     peer: Option<SocketAddr>,
     reused: bool,
     written: bool,
+    /// A reset or close that came before any response byte was read.
+    unanswered: bool,
     source: Option<BoxError>,
 }
 
@@ -191,6 +193,7 @@ impl ProxyError {
             peer: None,
             reused: false,
             written: false,
+            unanswered: false,
             source: None,
         }
     }
@@ -204,6 +207,12 @@ impl ProxyError {
         self.peer = Some(peer);
         self.reused = reused;
         self.written = written;
+        self
+    }
+
+    /// The connection failed before any response byte was read from it.
+    pub(crate) fn unanswered(mut self, unanswered: bool) -> Self {
+        self.unanswered = unanswered;
         self
     }
 
@@ -260,10 +269,11 @@ impl ProxyError {
     }
 
     /// The peer can take no connection now: it refused or did not answer a connect, or it
-    /// reset a fresh connection before any answer (what a peer whose listener just closed does
-    /// to the connections still in its accept queue).
+    /// reset or closed a fresh connection before any response byte (what a peer whose listener
+    /// just closed does to the connections still in its accept queue). A malformed answer is
+    /// not one of these.
     pub fn is_peer_unreachable(&self) -> bool {
-        self.is_connect() || (matches!(self.kind, Kind::Reset) && !self.reused)
+        self.is_connect() || (matches!(self.kind, Kind::Reset) && !self.reused && self.unanswered)
     }
 
     /// The failure happened on a connection taken from the pool.

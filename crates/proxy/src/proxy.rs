@@ -870,11 +870,10 @@ async fn attempt(
                 if e.is_user() {
                     return Err(client_fault(group, e, peer.addr(), reused, written));
                 }
-                return Err(ProxyError::new(Kind::Reset).with_source(e).on_peer(
-                    peer.addr(),
-                    reused,
-                    written,
-                ));
+                return Err(ProxyError::new(Kind::Reset)
+                    .with_source(e)
+                    .on_peer(peer.addr(), reused, written)
+                    .unanswered(!got_response_bytes));
             }
         }
     }
@@ -1099,7 +1098,8 @@ async fn send_own(
             return Err(Some(
                 ProxyError::new(Kind::Reset)
                     .with_source(e)
-                    .on_peer(addr, reused, written),
+                    .on_peer(addr, reused, written)
+                    .unanswered(!got_response_bytes),
             ));
         }
     };
