@@ -6,76 +6,29 @@
 //! `Expect` header is its user's), which is curl's reading of 417, not the relay under test.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::support;
+use crate::support::py::PyServer;
 
 const BACKEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/expect/backend.py");
 
-/// The backend; killed on drop. `lines` has one JSON line per request it handled.
-struct Backend {
-    _child: Child,
-    addr: SocketAddr,
-    lines: Arc<Mutex<Vec<Value>>>,
+/// The backend: one JSON line per request it handled.
+async fn backend() -> PyServer {
+    PyServer::start(BACKEND, &[]).await
 }
 
-impl Backend {
-    async fn start() -> Backend {
-        let mut child = Command::new("python3")
-            .arg(BACKEND)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 starts");
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let port: u16 = tokio::time::timeout(Duration::from_secs(10), out.next_line())
-            .await
-            .expect("backend prints its port")
-            .unwrap()
-            .expect("a port line")
-            .trim()
-            .parse()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(l)) = out.next_line().await {
-                if let Ok(v) = serde_json::from_str(&l) {
-                    sink.lock().unwrap().push(v);
-                }
-            }
-        });
-        Backend {
-            _child: child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            lines,
-        }
-    }
-
-    /// The line of the request to `path` (bounded wait).
-    async fn seen(&self, path: &str) -> Value {
-        for _ in 0..100 {
-            if let Some(v) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|v| v["path"] == path)
-            {
-                return v.clone();
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!(
+/// The line of the request to `path` (bounded wait).
+async fn seen_by(backend: &PyServer, path: &str) -> Value {
+    match backend.find(|v| v["path"] == path).await {
+        Some(v) => v,
+        None => panic!(
             "the backend saw no request to {path}: {:?}",
-            self.lines.lock().unwrap()
-        );
+            backend.lines.lock().unwrap()
+        ),
     }
 }
 
@@ -115,7 +68,7 @@ async fn curl_post_with(args: &[&str], url: &str, size: usize) -> (String, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http1_the_backends_100_reaches_curl_and_the_upload_follows() {
-    let backend = Backend::start().await;
+    let backend = backend().await;
     let up = support::upkeep(&support::one_group(&[backend.addr], "")).await;
     let url = format!("http://{}/upload", up.listeners[0]);
     let (body, verbose) = curl_post("--http1.1", &url, 200_000).await;
@@ -125,7 +78,7 @@ async fn over_http1_the_backends_100_reaches_curl_and_the_upload_follows() {
         !verbose.contains("Done waiting for 100-continue"),
         "curl fell back to sending without the 100: {verbose}"
     );
-    let seen = backend.seen("/upload").await;
+    let seen = seen_by(&backend, "/upload").await;
     assert_eq!(
         seen["expect"], "100-continue",
         "the backend was asked: {seen}"
@@ -135,7 +88,7 @@ async fn over_http1_the_backends_100_reaches_curl_and_the_upload_follows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http1_a_backend_refusal_reaches_curl_before_any_byte_of_the_upload() {
-    let backend = Backend::start().await;
+    let backend = backend().await;
     let up = support::upkeep(&support::one_group(&[backend.addr], "")).await;
     for (path, size, status) in [("/refuse", 50_000, 401), ("/too-big", 2_000_000, 413)] {
         let url = format!("http://{}{path}", up.listeners[0]);
@@ -146,7 +99,7 @@ async fn over_http1_a_backend_refusal_reaches_curl_before_any_byte_of_the_upload
         );
         assert_eq!(body, "not this one\n", "{verbose}");
         assert!(!verbose.contains("100 Continue"), "{verbose}");
-        let seen = backend.seen(path).await;
+        let seen = seen_by(&backend, path).await;
         assert_eq!(seen["status"], status);
         assert_eq!(
             seen["body_after_refusal"], 0,
@@ -166,7 +119,7 @@ async fn over_http1_a_backend_refusal_reaches_curl_before_any_byte_of_the_upload
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http2_a_backend_refusal_reaches_curl_before_the_upload_and_an_accepted_upload_completes(
 ) {
-    let backend = Backend::start().await;
+    let backend = backend().await;
     let up = support::upkeep(&support::one_group(&[backend.addr], "")).await;
     let url = format!("http://{}/refuse-h2", up.listeners[0]);
     let (body, verbose) = curl_post("--http2-prior-knowledge", &url, 50_000).await;
@@ -176,14 +129,14 @@ async fn over_http2_a_backend_refusal_reaches_curl_before_the_upload_and_an_acce
     let _ = body;
     assert!(verbose.contains("< HTTP/2 401"), "{verbose}");
     assert!(!verbose.contains("< HTTP/2 2"), "{verbose}");
-    let seen = backend.seen("/refuse-h2").await;
+    let seen = seen_by(&backend, "/refuse-h2").await;
     assert_eq!(seen["expect"], "100-continue");
     assert_eq!(seen["body_after_refusal"], 0, "{seen}");
     // Accepted: the backend's 100 opens the way upstream and the upload goes through.
     let url = format!("http://{}/upload-h2", up.listeners[0]);
     let (body, verbose) = curl_post("--http2-prior-knowledge", &url, 100_000).await;
     assert_eq!(body, "got 100000\n", "{verbose}");
-    assert_eq!(backend.seen("/upload-h2").await["received"], 100_000);
+    assert_eq!(seen_by(&backend, "/upload-h2").await["received"], 100_000);
 }
 
 /// upkeep with a TLS listener (certificate for `upkeep.test`) in front of `backend`; the
@@ -219,7 +172,7 @@ async fn tls_upkeep(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http2_the_backends_100_reaches_curl_in_clear_text_and_over_tls() {
-    let backend = Backend::start().await;
+    let backend = backend().await;
     let dir = std::env::temp_dir().join(format!("upkeep-expect-tls-{}", std::process::id()));
     let plain = support::upkeep(&support::one_group(&[backend.addr], "")).await;
     let (tls, tls_args, base) = tls_upkeep(backend.addr, &dir).await;
@@ -245,7 +198,7 @@ async fn over_http2_the_backends_100_reaches_curl_in_clear_text_and_over_tls() {
             !verbose.contains("Done waiting for 100-continue"),
             "curl fell back to sending without the 100: {verbose}"
         );
-        let seen = backend.seen(path).await;
+        let seen = seen_by(&backend, path).await;
         assert_eq!(seen["expect"], "100-continue", "{seen}");
         assert_eq!(seen["received"], 300_000);
     }
@@ -255,7 +208,7 @@ async fn over_http2_the_backends_100_reaches_curl_in_clear_text_and_over_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http2_a_413_before_the_upload_reaches_curl_and_no_byte_goes_upstream() {
-    let backend = Backend::start().await;
+    let backend = backend().await;
     let dir = std::env::temp_dir().join(format!("upkeep-expect-tls413-{}", std::process::id()));
     let plain = support::upkeep(&support::one_group(&[backend.addr], "")).await;
     let (tls, tls_args, base) = tls_upkeep(backend.addr, &dir).await;
@@ -276,7 +229,7 @@ async fn over_http2_a_413_before_the_upload_reaches_curl_and_no_byte_goes_upstre
         let (_, verbose) = curl_post_with(&args, &url, 2_000_000).await;
         assert!(verbose.contains("< HTTP/2 413"), "{verbose}");
         assert!(!verbose.contains("< HTTP/2 100"), "{verbose}");
-        let seen = backend.seen(path).await;
+        let seen = seen_by(&backend, path).await;
         assert_eq!(seen["status"], 413);
         assert_eq!(
             seen["body_after_refusal"], 0,

@@ -5,17 +5,17 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::{start_with, Control, Running};
 
 use crate::support;
+use crate::support::py::PyServer;
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
 
@@ -59,80 +59,14 @@ impl Drop for Dir {
     }
 }
 
-/// The `websockets` echo server; killed on drop. `lines` collects one JSON line per
-/// connection it saw end.
-struct EchoServer {
-    _child: Child,
-    addr: SocketAddr,
-    lines: Arc<Mutex<Vec<Value>>>,
-}
-
-impl EchoServer {
-    async fn start() -> EchoServer {
-        let mut child = Command::new("python3")
-            .arg(format!("{SCRIPTS}/ws_echo_server.py"))
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 starts");
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let port: u16 = tokio::time::timeout(Duration::from_secs(10), out.next_line())
-            .await
-            .expect("echo server prints its port")
-            .unwrap()
-            .expect("a port line")
-            .trim()
-            .parse()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(l)) = out.next_line().await {
-                if let Ok(v) = serde_json::from_str(&l) {
-                    sink.lock().unwrap().push(v);
-                }
-            }
-        });
-        EchoServer {
-            _child: child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            lines,
-        }
-    }
-
-    /// Waits (bounded) until the server has seen `n` connections end.
-    async fn ended(&self, n: usize) -> Vec<Value> {
-        for _ in 0..100 {
-            if self.lines.lock().unwrap().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.lines.lock().unwrap().clone()
-    }
+/// The `websockets` echo server: one JSON line per connection it saw end.
+async fn echo_server() -> PyServer {
+    PyServer::start(&format!("{SCRIPTS}/ws_echo_server.py"), &[]).await
 }
 
 /// Runs the `websockets` client; its last stdout line, parsed.
 async fn ws_client(args: &[&str]) -> Value {
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        Command::new("python3")
-            .arg(format!("{SCRIPTS}/ws_client.py"))
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client finished in time")
-    .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|_| {
-        panic!(
-            "client output: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    support::py::json_client(&format!("{SCRIPTS}/ws_client.py"), args).await
 }
 
 /// Starts upkeep in-process in front of `backend`, with its access log in `log`.
@@ -176,7 +110,7 @@ async fn websocket_echo_of_1000_messages_each_way_with_close_codes_relayed_and_c
         return;
     }
     let dir = Dir::new("echo");
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
     let url = format!("ws://{}/chat", up.listeners[0]);
@@ -241,7 +175,7 @@ async fn a_refused_upgrade_is_relayed_as_it_is_and_the_connection_goes_on_as_htt
         return;
     }
     let dir = Dir::new("refused");
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
     let r = ws_client(&[&format!("ws://{}/refuse", up.listeners[0]), "refused"]).await;
@@ -296,7 +230,7 @@ async fn an_idle_upgraded_connection_is_closed_at_upgrade_idle_timeout_and_count
         return;
     }
     let dir = Dir::new("idle");
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "upgrade_idle_timeout = \"700ms\"").await;
     let url = format!("ws://{}/idle", up.listeners[0]);
@@ -345,7 +279,7 @@ async fn shutdown_closes_an_upgraded_connection_after_shutdown_timeout_and_logs_
         return;
     }
     let dir = Dir::new("shutdown");
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(
         server.addr,
@@ -391,7 +325,7 @@ async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server
         return;
     }
     let dir = Dir::new("h2");
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
     let r = node_h2_client(up.listeners[0], "/over-h2", None).await;
@@ -467,7 +401,7 @@ async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
     let cert = rcgen::generate_simple_self_signed(vec!["upkeep.test".to_owned()]).unwrap();
     std::fs::write(dir.path("cert.pem"), cert.cert.pem()).unwrap();
     std::fs::write(dir.path("key.pem"), cert.signing_key.serialize_pem()).unwrap();
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let log = dir.path("access.log");
     let config = support::one_group(&[server.addr], "").replace(
         "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
@@ -515,7 +449,7 @@ async fn bytes_sent_right_behind_the_upgrade_request_reach_the_backend_after_the
         return;
     }
     let dir = Dir::new("early");
-    let server = EchoServer::start().await;
+    let server = echo_server().await;
     let up = upkeep(server.addr, &dir.path("access.log"), "", "").await;
     // One write: the handshake and a WebSocket frame (mask key 0, so the payload is as is).
     // The framing check holds the frame until the 101 is relayed, then passes it unchecked.

@@ -6,17 +6,16 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::{start_with, Running};
 
 use crate::support;
+use crate::support::py::PyServer;
 use crate::support::raw;
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
@@ -62,80 +61,14 @@ impl Drop for Dir {
     }
 }
 
-/// hypercorn with the echo app; killed on drop. `lines` collects one JSON line per
-/// WebSocket it saw end.
-struct Hypercorn {
-    _child: Child,
-    addr: SocketAddr,
-    lines: Arc<Mutex<Vec<Value>>>,
-}
-
-impl Hypercorn {
-    async fn start(args: &[&str]) -> Hypercorn {
-        let mut child = Command::new("python3")
-            .arg(format!("{SCRIPTS}/h2_ws_server.py"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 starts");
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let port: u16 = tokio::time::timeout(Duration::from_secs(10), out.next_line())
-            .await
-            .expect("hypercorn prints its port")
-            .unwrap()
-            .expect("a port line")
-            .trim()
-            .parse()
-            .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(l)) = out.next_line().await {
-                if let Ok(v) = serde_json::from_str(&l) {
-                    sink.lock().unwrap().push(v);
-                }
-            }
-        });
-        Hypercorn {
-            _child: child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            lines,
-        }
-    }
-
-    /// Waits (bounded) until the server has seen `n` WebSockets end.
-    async fn ended(&self, n: usize) -> Vec<Value> {
-        for _ in 0..100 {
-            if self.lines.lock().unwrap().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.lines.lock().unwrap().clone()
-    }
+/// hypercorn with the echo app: one JSON line per WebSocket it saw end.
+async fn hypercorn(args: &[&str]) -> PyServer {
+    PyServer::start(&format!("{SCRIPTS}/h2_ws_server.py"), args).await
 }
 
 /// Runs the `websockets` client (`ws_client.py`); its last stdout line, parsed.
 async fn ws_client(args: &[&str]) -> Value {
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        Command::new("python3")
-            .arg(format!("{SCRIPTS}/ws_client.py"))
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client finished in time")
-    .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|_| {
-        panic!(
-            "client output: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    support::py::json_client(&format!("{SCRIPTS}/ws_client.py"), args).await
 }
 
 /// Starts upkeep in-process from `config`, with its access log in `log`.
@@ -189,7 +122,7 @@ async fn an_http1_websocket_to_an_http2_group_goes_as_extended_connect_1000_mess
         return;
     }
     let dir = Dir::new("h2c");
-    let server = Hypercorn::start(&[]).await;
+    let server = hypercorn(&[]).await;
     let log = dir.path("access.log");
     let up = upkeep(
         &support::one_group(&[server.addr], "protocol = \"http2\"\n"),
@@ -259,7 +192,7 @@ async fn an_http2_websocket_to_an_http2_group_is_extended_connect_on_both_sides(
         return;
     }
     let dir = Dir::new("h2h2");
-    let server = Hypercorn::start(&[]).await;
+    let server = hypercorn(&[]).await;
     let log = dir.path("access.log");
     let up = upkeep(
         &support::one_group(&[server.addr], "protocol = \"http2\"\n"),
@@ -289,7 +222,7 @@ async fn an_upgrade_to_an_h2c_peer_without_extended_connect_is_502_upstream_no_u
         return;
     }
     let dir = Dir::new("nosetting");
-    let server = Hypercorn::start(&["--no-connect-protocol"]).await;
+    let server = hypercorn(&["--no-connect-protocol"]).await;
     let log = dir.path("access.log");
     let up = upkeep(
         &support::one_group(&[server.addr], "protocol = \"http2\"\n"),
@@ -333,7 +266,7 @@ async fn an_auto_group_over_tls_upgrades_over_http1_when_the_peer_has_no_extende
     let (cert, key) = (dir.path("cert.pem"), dir.path("key.pem"));
     let tls = ["--tls", cert.to_str().unwrap(), key.to_str().unwrap()];
     // Without the setting: a fresh HTTP/1.1 connection (ALPN http/1.1) carries the upgrade.
-    let plain = Hypercorn::start(&[&["--no-connect-protocol"][..], &tls[..]].concat()).await;
+    let plain = hypercorn(&[&["--no-connect-protocol"][..], &tls[..]].concat()).await;
     let up = upkeep(
         &tls_group(plain.addr, &dir, "auto"),
         &dir.path("access.log"),
@@ -351,7 +284,7 @@ async fn an_auto_group_over_tls_upgrades_over_http1_when_the_peer_has_no_extende
     drop(up);
 
     // With it: the shared HTTP/2 connection (ALPN h2) carries an extended CONNECT.
-    let h2 = Hypercorn::start(&tls).await;
+    let h2 = hypercorn(&tls).await;
     let up = upkeep(&tls_group(h2.addr, &dir, "auto"), &dir.path("access2.log")).await;
     let r = ws_client(&[&format!("ws://{}/auto-h2", up.listeners[0]), "echo", "100"]).await;
     assert_eq!(r["ok"], true, "{r}");
