@@ -378,18 +378,11 @@ async fn node_h2_client(addr: SocketAddr, path: &str, ca: Option<&Path>) -> Valu
     let mut cmd = Command::new("node");
     cmd.arg(format!("{SCRIPTS}/h2_ws_client.js"))
         .arg(addr.port().to_string())
-        .arg(path)
-        .kill_on_drop(true);
+        .arg(path);
     if let Some(ca) = ca {
         cmd.arg(ca);
     }
-    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
-        .await
-        .expect("node finished in time")
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)))
+    support::py::last_json_line(cmd, Duration::from_secs(20)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,21 +406,11 @@ async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
     );
     let up = upkeep_toml(&config, &log, "").await;
     // wss:// with HTTP/1.1 (the websockets client offers no ALPN).
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        Command::new("python3")
-            .arg(format!("{SCRIPTS}/ws_client.py"))
-            .args([&format!("wss://{}/secure", up.listeners[0]), "echo", "100"])
-            .env("WS_CA", dir.path("cert.pem"))
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client finished in time")
-    .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)));
+    let mut cmd = Command::new("python3");
+    cmd.arg(format!("{SCRIPTS}/ws_client.py"))
+        .args([&format!("wss://{}/secure", up.listeners[0]), "echo", "100"])
+        .env("WS_CA", dir.path("cert.pem"));
+    let r = support::py::last_json_line(cmd, Duration::from_secs(30)).await;
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["server_close"]["code"], 4001, "{r}");
     // wss:// over HTTP/2 (ALPN h2, extended CONNECT): Node's client, as a browser does it.

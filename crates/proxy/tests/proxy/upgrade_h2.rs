@@ -315,19 +315,9 @@ async fn have_node() -> bool {
 
 /// Node's http2 client opening a WebSocket with an extended CONNECT in clear text.
 async fn node_h2_client(addr: SocketAddr, path: &str) -> Value {
-    let out = tokio::time::timeout(
-        Duration::from_secs(20),
-        Command::new("node")
-            .arg(format!("{SCRIPTS}/h2_ws_client.js"))
-            .arg(addr.port().to_string())
-            .arg(path)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("node finished in time")
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|_| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)))
+    let mut cmd = Command::new("node");
+    cmd.arg(format!("{SCRIPTS}/h2_ws_client.js"))
+        .arg(addr.port().to_string())
+        .arg(path);
+    support::py::last_json_line(cmd, Duration::from_secs(20)).await
 }

@@ -1,6 +1,6 @@
 //! Python test servers and clients (`websockets`, hypercorn, http.server scripts under
 //! `tests/`): a server prints its port on its first stdout line and then one JSON line per
-//! event it reports; a client prints its result as its last stdout line.
+//! event it reports; a client (Python or Node) prints its result as its last stdout line.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -78,17 +78,17 @@ impl PyServer {
 
 /// Runs `python3 script args...` (bounded, 30 s); its last stdout line, parsed as JSON.
 pub async fn json_client(script: &str, args: &[&str]) -> Value {
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        Command::new("python3")
-            .arg(script)
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client finished in time")
-    .expect("python3 runs");
+    let mut cmd = Command::new("python3");
+    cmd.arg(script).args(args);
+    last_json_line(cmd, Duration::from_secs(30)).await
+}
+
+/// Runs a client (bounded by `within`, killed past it); its last stdout line, parsed as JSON.
+pub async fn last_json_line(mut cmd: Command, within: Duration) -> Value {
+    let out = tokio::time::timeout(within, cmd.kill_on_drop(true).output())
+        .await
+        .expect("client finished in time")
+        .expect("client runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|_| {
         panic!(
