@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Instructions per proxied HTTP/2 request: user-space instructions of `upkeep serve` (one
+# serving thread, TLS listener, ALPN h2) counted by callgrind while h2load sends GETs through
+# it to an `upkeep lab backend` over HTTP/1.1. Every h2load run opens its connections anew
+# (a TLS handshake each, about 11M instructions with the RSA-2048 key made here), so two runs
+# with the same connections and different request counts are measured and the difference is
+# divided by the difference in requests: what is left is the cost of a request, without the
+# handshakes. Like bench/instructions.sh, the count repeats run to run on a busy machine.
+#
+# Usage: bench/instructions-h2.sh      (from the repository root; see docs/benchmarks.md)
+# Settings (environment):
+#   REQUESTS   requests of the longer run (default 4000; the shorter one sends a quarter)
+#   CLIENTS    h2load connections (default 4), STREAMS per connection (default 8)
+#   UPKEEP     upkeep binary (default: target/release/upkeep, built when missing)
+#   BENCH_KEEP=1  keep the temporary directory (callgrind output, logs)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/lib.sh
+source "$repo/bench/lib.sh"
+
+REQUESTS=${REQUESTS:-4000}
+CLIENTS=${CLIENTS:-4}
+STREAMS=${STREAMS:-8}
+for tool in valgrind callgrind_control callgrind_annotate curl ss openssl h2load; do
+    command -v "$tool" >/dev/null ||
+        die "$tool not found (Debian: apt-get install valgrind curl iproute2 openssl nghttp2-client)"
+done
+upkeep_bin
+
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=bench.test \
+    -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
+free_port backend_port
+free_port proxy_port
+free_port admin_port
+"$UPKEEP" lab backend --listen "127.0.0.1:$backend_port" --name ok >"$work/backend.log" 2>&1 &
+pids+=($!)
+wait_ok "$backend_port" "lab backend"
+cat >"$work/upkeep.toml" <<TOML
+[admin]
+listen = "127.0.0.1:$admin_port"
+
+[[listener]]
+listen = "127.0.0.1:$proxy_port"
+tls = { cert = "$work/cert.pem", key = "$work/key.pem" }
+
+[[route]]
+group = "backend"
+
+[groups.backend]
+endpoints = ["127.0.0.1:$backend_port"]
+TOML
+valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
+    "$UPKEEP" serve --config "$work/upkeep.toml" --access-log off --log-level warn --workers 1 \
+    >"$work/serve.log" 2>&1 &
+pids+=($!)
+proxy_pid=$!
+for i in $(seq 1 150); do
+    kill -0 "$proxy_pid" 2>/dev/null || die "upkeep exited at start-up (logs in $work/)"
+    [[ $(curl -sk --http2 --max-time 2 "https://127.0.0.1:$proxy_port/" 2>/dev/null) == ok ]] && break
+    ((i < 150)) || die "upkeep under callgrind did not answer within 30 s (logs in $work/)"
+    sleep 0.2
+done
+
+# h2load RUN N: N requests over CLIENTS new connections, counted from zero; prints the
+# instructions of the run.
+h2load_run() {
+    local run=$1 n=$2 out dump
+    out="$work/h2load-$run.txt"
+    callgrind_control -z "$proxy_pid" >/dev/null 2>&1
+    h2load -c "$CLIENTS" -m "$STREAMS" -n "$n" "https://127.0.0.1:$proxy_port/" >"$out"
+    grep -q "^status codes: $n 2xx" "$out" || die "not every request of run $run got a 2xx (see $out)"
+    callgrind_control -d "$run" "$proxy_pid" >/dev/null 2>&1
+    sleep 1
+    dump=$(ls -t "$work"/callgrind.out.* | head -1)
+    callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+}
+
+# Warm up (lazy initialisation, the upstream connections), then the two measured runs.
+h2load -c "$CLIENTS" -m "$STREAMS" -n "$((REQUESTS / 4))" "https://127.0.0.1:$proxy_port/" >/dev/null
+short=$((REQUESTS / 4))
+i_short=$(h2load_run short "$short")
+i_long=$(h2load_run long "$REQUESTS")
+echo "bench: $("$UPKEEP" --version | head -1), one serving thread, h2load -c$CLIENTS -m$STREAMS over TLS"
+echo "bench: $short requests: $i_short instructions; $REQUESTS requests: $i_long instructions"
+awk -v a="$i_short" -v b="$i_long" -v na="$short" -v nb="$REQUESTS" -v c="$CLIENTS" 'BEGIN {
+    per = (b - a) / (nb - na)
+    printf "bench: %.1fk instructions per HTTP/2 request; %.1fM per run of %d connections besides\n", per / 1000, (a - per * na) / 1e6, c
+}'
