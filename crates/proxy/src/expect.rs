@@ -6,7 +6,9 @@
 //! the upstream has answered `100` (seen through hyper's client `on_informational`): the
 //! request goes upstream with its `Expect` header and a body behind a [`Gate`]; the
 //! upstream's `100` opens the gate, the body is polled, hyper sends the client its `100`, and
-//! the upload flows through. A final answer first (`417`, `413`, `401`) is relayed as it is
+//! the upload flows through. (An HTTP/2 peer's `100`, which hyper's client does not report,
+//! is seen on a connection opened for the request alone: `pool::h2_continue`.) A final
+//! answer first (`417`, `413`, `401`) is relayed as it is
 //! and the body is never read; the upstream connection is then closed once that answer has
 //! been relayed, since the upstream still expects the body on it. An upstream that says
 //! nothing within [`EXPECT_WAIT`] gets the body anyway, as RFC 9110 asks of a client.
@@ -127,6 +129,15 @@ pub fn prepare(req: &mut Request<ReqBody>) -> Option<Arc<Gate>> {
         }
     });
     Some(gate)
+}
+
+/// What opens `gate` when an HTTP/2 peer's `100` is seen under hyper (`pool::h2_continue`).
+pub(crate) fn on_upstream_continue(gate: Arc<Gate>) -> Box<dyn FnOnce() + Send + Sync> {
+    Box::new(move || {
+        if gate.set(WAITING, OPEN) {
+            tracing::debug!("the HTTP/2 upstream answered 100 Continue; sending the body");
+        }
+    })
 }
 
 /// A relayed answer that refused the body; the connection is closed once it has been sent.

@@ -6,6 +6,7 @@
 //! between requests instead (`h2`).
 
 pub mod h2;
+mod h2_continue;
 mod h2_settings;
 mod io;
 mod load;
@@ -431,7 +432,7 @@ impl Pool {
         until: Instant,
         own: bool,
     ) -> Result<Conn, ConnectError> {
-        self.connect_via(peer, timeout, until, own, self.tls.as_ref())
+        self.connect_via(peer, timeout, until, own, self.tls.as_ref(), None)
             .await
     }
 
@@ -448,8 +449,35 @@ impl Pool {
             .as_ref()
             .map(|t| t.with_alpn(vec![b"http/1.1".to_vec()]));
         let until = Instant::now() + timeout;
-        self.connect_via(peer, timeout, until, false, tls.as_ref())
+        self.connect_via(peer, timeout, until, false, tls.as_ref(), None)
             .await
+    }
+
+    /// A fresh connection to `peer` for one request with `Expect: 100-continue`, never
+    /// pooled nor shared. When it speaks HTTP/2, `on_continue` is called if the peer's first
+    /// answer is `100` (hyper's HTTP/2 client does not report it; see `h2_continue`); over
+    /// HTTP/1.1 hyper's `on_informational` reports it as on any connection.
+    pub(crate) async fn connect_for_continue(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+        on_continue: self::h2_continue::OnContinue,
+    ) -> Result<Conn, ConnectError> {
+        let until = Instant::now() + timeout;
+        self.connect_via(
+            peer,
+            timeout,
+            until,
+            false,
+            self.tls.as_ref(),
+            Some(on_continue),
+        )
+        .await
+    }
+
+    /// Whether this pool's connections may speak HTTP/2 (`protocol = "http2"` or `"auto"`).
+    pub(crate) fn may_speak_http2(&self) -> bool {
+        self.protocol != UpstreamProtocol::Http1
     }
 
     async fn connect_via(
@@ -459,6 +487,7 @@ impl Pool {
         until: Instant,
         own: bool,
         tls: Option<&ClientTls>,
+        on_continue: Option<self::h2_continue::OnContinue>,
     ) -> Result<Conn, ConnectError> {
         let open = self
             .loads
@@ -492,7 +521,11 @@ impl Pool {
         let (io, counters) = SharedIo::new(transport);
         if h2 {
             let (connect_protocol, connect_protocol_rx) = tokio::sync::watch::channel(None);
-            let io = self::h2_settings::SettingsWatch::new(io, connect_protocol);
+            let dedicated = on_continue.is_some();
+            let io = self::h2_continue::ContinueWatch::new(
+                self::h2_settings::SettingsWatch::new(io, connect_protocol),
+                on_continue,
+            );
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(self.cfg.http2_keepalive_interval)
@@ -510,10 +543,15 @@ impl Pool {
                 }
             });
             self.metrics.pool_event("new");
-            let stream = self.h2.insert(
-                peer,
-                self::h2::Shared::new(sender, self.tls.is_some(), max_streams, connect_protocol_rx),
-            );
+            let shared =
+                self::h2::Shared::new(sender, self.tls.is_some(), max_streams, connect_protocol_rx);
+            // A connection for one request stays out of the pool: hyper closes it when the
+            // request's handle goes.
+            let stream = if dedicated {
+                shared.claim()
+            } else {
+                self.h2.insert(peer, shared)
+            };
             return Ok(Conn {
                 counters,
                 ..Conn::h2(stream, peer, false)

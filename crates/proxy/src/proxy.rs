@@ -741,7 +741,14 @@ async fn attempt(
         // upkeep's own HTTP/1 codec sends every request but those whose body waits for the
         // upstream's `100 Continue` (hyper's client relays it; see `crate::expect`).
         let own = !matches!(out.body, Some(ReqBody::Gated(..)));
-        let mut conn = match if fresh_only {
+        // A gated body to a group that may speak HTTP/2 goes on a connection of its own, on
+        // which the peer's `100` can be seen (`pool::h2_continue`).
+        let continue_gate = if pool.may_speak_http2() {
+            out.body.as_ref().and_then(ReqBody::gate)
+        } else {
+            None
+        };
+        let mut conn = match if fresh_only || continue_gate.is_some() {
             None
         } else {
             pool.checkout(peer.addr())
@@ -751,10 +758,17 @@ async fn attempt(
                 let timeout = cfg
                     .connect_timeout
                     .min(deadline.saturating_duration_since(Instant::now()));
+                use futures_util::future::Either;
                 let connecting = if own {
-                    futures_util::future::Either::Left(pool.connect_own(peer.addr(), timeout))
+                    Either::Left(pool.connect_own(peer.addr(), timeout))
+                } else if let Some(gate) = continue_gate {
+                    Either::Right(Either::Left(pool.connect_for_continue(
+                        peer.addr(),
+                        timeout,
+                        crate::expect::on_upstream_continue(gate),
+                    )))
                 } else {
-                    futures_util::future::Either::Right(pool.connect(peer.addr(), timeout))
+                    Either::Right(Either::Right(pool.connect(peer.addr(), timeout)))
                 };
                 match connecting.await {
                     Ok(c) => c,

@@ -239,3 +239,40 @@ async fn over_http2_a_413_before_the_upload_reaches_curl_and_no_byte_goes_upstre
     drop(tls);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const H2_BACKEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/expect/h2_backend.py");
+
+/// curl (HTTP/1.1 and HTTP/2 in front) through upkeep to an HTTP/2 backend (the `h2` library,
+/// h2c) that answers `Expect: 100-continue` itself. hyper's HTTP/2 client drops the peer's
+/// `100`; the request's own connection lets upkeep see it, so the upload starts at once: curl
+/// waits 0.8 s for a `100` before sending anyway, and upkeep's fallback is 1 s, so an upload
+/// that waited for the fallback shows as curl's "Done waiting". A refusal reaches curl before
+/// any byte of the upload leaves upkeep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn to_an_http2_backend_its_100_and_its_refusal_reach_curl_without_the_fallback_wait() {
+    let backend = PyServer::start(H2_BACKEND, &[]).await;
+    let up = support::upkeep(&support::one_group(&[backend.addr], "protocol = \"http2\"")).await;
+    for (proto, path, shows_100) in [
+        ("--http1.1", "/upload-h1", "< HTTP/1.1 100 Continue"),
+        ("--http2-prior-knowledge", "/upload-h2", "< HTTP/2 100"),
+    ] {
+        let url = format!("http://{}{path}", up.listeners[0]);
+        let (body, verbose) =
+            curl_post_with(&[proto, "--expect100-timeout", "0.8"], &url, 100_000).await;
+        assert_eq!(body, "got 100000\n", "{verbose}");
+        assert!(verbose.contains(shows_100), "{verbose}");
+        assert!(
+            !verbose.contains("Done waiting for 100-continue"),
+            "curl gave up waiting for the backend's 100: {verbose}"
+        );
+        let seen = seen_by(&backend, path).await;
+        assert_eq!(seen["expect"], "100-continue", "{seen}");
+        assert_eq!(seen["received"], 100_000, "{seen}");
+    }
+    let url = format!("http://{}/refuse-h2up", up.listeners[0]);
+    let (_, verbose) = curl_post("--http1.1", &url, 50_000).await;
+    assert!(verbose.contains("< HTTP/1.1 401 "), "{verbose}");
+    assert!(!verbose.contains("100 Continue"), "{verbose}");
+    let seen = seen_by(&backend, "/refuse-h2up").await;
+    assert_eq!(seen["body_after_refusal"], 0, "{seen}");
+}
