@@ -111,7 +111,9 @@ pub fn parse(buf: &mut BytesMut, head_request: bool) -> Result<Parsed, BadRespon
     ) {
         return Err(BadResponse("malformed response head"));
     }
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    // Room for what the proxy adds on the way downstream (`keep-alive`, `connection`), so
+    // that the map is not rehashed into a larger table per response.
+    let mut headers = HeaderMap::with_capacity(resp.headers.len() + 2);
     let mut lengths = 0usize;
     let mut length: Option<u64> = None;
     let mut codings = 0usize;
