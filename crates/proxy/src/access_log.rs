@@ -152,9 +152,16 @@ fn write_loop(
     let mut out = out.map(buffered);
     // Drained in batches on a timer rather than woken per record: a sender never has to
     // wake this thread, which keeps logging off the request path's critical costs. A
-    // control request (flush, reopen) cuts the wait short.
+    // control request (flush, reopen) cuts the wait short. With no destination no record
+    // is sent (the senders look at `on`), so the thread sleeps until the next control
+    // request instead of waking 50 times a second; the few records of requests that were
+    // under way when the log was switched off are drained (and dropped) then.
     loop {
-        let req = ctl.recv_timeout(Duration::from_millis(20));
+        let req = if out.is_some() {
+            ctl.recv_timeout(Duration::from_millis(20))
+        } else {
+            ctl.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        };
         let mut closed = false;
         loop {
             match rx.try_recv() {
