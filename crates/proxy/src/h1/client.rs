@@ -194,7 +194,8 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
                 Poll::Pending => {}
             }
-            loop {
+            // Nothing read yet (the first poll, as a rule): nothing to parse.
+            while !wire.rbuf.is_empty() {
                 match head::parse(&mut wire.rbuf, head_request)? {
                     Parsed::Partial => break,
                     // 101 to a request that asked no upgrade: nothing can follow it here.
