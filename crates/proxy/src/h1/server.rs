@@ -142,8 +142,7 @@ where
         if let Some(framing) = body {
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
-        let accepts_trailers =
-            crate::trailers::Wanted::of(request.headers(), request.version()).accepts;
+        let accepts_trailers = crate::trailers::accepted(request.headers(), request.version());
         let handling = crate::proxy::handle(request, ctx.clone());
         tokio::pin!(handling);
         // As hyper did: a client that closes while its bodiless request is handled has left,
