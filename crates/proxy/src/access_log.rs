@@ -331,6 +331,32 @@ mod tests {
     }
 
     #[test]
+    fn a_log_that_is_off_drops_its_stragglers_and_writes_once_switched_on() {
+        let b = Sink::default();
+        b.open_gate();
+        let log = AccessLogger::with_writer(None, 1024).unwrap();
+        assert!(!log.is_on());
+        // A record of a request that was under way when the log went off: never written.
+        log.log(rec("/while-off"));
+        // The writer sleeps while off; a flush still wakes it and is answered.
+        assert!(log.flush(Duration::from_secs(5)));
+        let (ack, done) = std::sync::mpsc::sync_channel(1);
+        let inner = log.inner.as_ref().unwrap();
+        inner
+            .ctl
+            .send(Ctl::Switch(Some(Box::new(b.clone())), ack))
+            .unwrap();
+        done.recv().unwrap();
+        for i in 0..20 {
+            log.log(rec(&format!("/{i}")));
+        }
+        assert!(log.flush(Duration::from_secs(5)));
+        let lines = b.lines();
+        assert_eq!(lines.len(), 20, "{lines:?}");
+        assert!(lines.iter().all(|l| !l.contains("/while-off")));
+    }
+
+    #[test]
     fn rfc3339_formats_utc() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         assert_eq!(

@@ -146,6 +146,8 @@ mod tests {
         assert_eq!(t.find(Some("x.test"), "/apix"), Some("default"));
         assert_eq!(t.find(Some("a.example.com:8080"), "/api"), Some("wild"));
         assert_eq!(t.find(Some("SHOP.example.com"), "/"), Some("shop"));
+        assert_eq!(t.find(Some("B.Example.COM"), "/"), Some("wild"));
+        assert_eq!(t.find(Some(".EXAMPLE.com"), "/"), Some("default"));
         assert_eq!(t.find(Some("example.com"), "/api"), Some("api"));
     }
 
