@@ -221,9 +221,9 @@ fn content_length(v: &[u8]) -> Result<u64, BadResponse> {
 
 /// Whether a line in `head` ends in LF without CR before it.
 pub(crate) fn has_bare_lf(head: &[u8]) -> bool {
-    head.iter()
-        .enumerate()
-        .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+    // Only the LFs are looked at (found many bytes at a time): a byte-at-a-time scan of
+    // every head was about 0.5k instructions per response.
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
 }
 
 /// `v` without the optional whitespace (SP, HTAB) around it (RFC 9110 §5.6.3).
@@ -282,6 +282,26 @@ pub fn parse_invariants(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bare_lf_is_found_wherever_it_is_as_a_plain_scan_finds_it() {
+        let plain = |h: &[u8]| {
+            h.iter()
+                .enumerate()
+                .any(|(i, &b)| b == b'\n' && (i == 0 || h[i - 1] != b'\r'))
+        };
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Long-Header-Name: a value long enough\r\n\r\n";
+        assert!(!has_bare_lf(head));
+        for i in 0..head.len() {
+            for b in [b'\n', b'\r', b'x'] {
+                let mut h = head.to_vec();
+                h[i] = b;
+                assert_eq!(has_bare_lf(&h), plain(&h), "byte {i} set to {b}");
+            }
+        }
+        assert!(has_bare_lf(b"\nHTTP/1.1 200 OK\r\n"));
+        assert!(!has_bare_lf(b""));
+    }
 
     fn final_head(raw: &str, head_request: bool) -> Result<(Head, usize), BadResponse> {
         match parse(&mut BytesMut::from(raw.as_bytes()), head_request)? {
