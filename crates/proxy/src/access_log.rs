@@ -152,9 +152,16 @@ fn write_loop(
     let mut out = out.map(buffered);
     // Drained in batches on a timer rather than woken per record: a sender never has to
     // wake this thread, which keeps logging off the request path's critical costs. A
-    // control request (flush, reopen) cuts the wait short.
+    // control request (flush, reopen) cuts the wait short. With no destination no record
+    // is sent (the senders look at `on`), so the thread sleeps until the next control
+    // request instead of waking 50 times a second; the few records of requests that were
+    // under way when the log was switched off are drained (and dropped) then.
     loop {
-        let req = ctl.recv_timeout(Duration::from_millis(20));
+        let req = if out.is_some() {
+            ctl.recv_timeout(Duration::from_millis(20))
+        } else {
+            ctl.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        };
         let mut closed = false;
         loop {
             match rx.try_recv() {
@@ -321,6 +328,32 @@ mod tests {
         assert!(log.flush(Duration::from_secs(5)));
         assert_eq!(a.lines().len(), 50, "queued before the switch: old file");
         assert_eq!(b.lines().len(), 30);
+    }
+
+    #[test]
+    fn a_log_that_is_off_drops_its_stragglers_and_writes_once_switched_on() {
+        let b = Sink::default();
+        b.open_gate();
+        let log = AccessLogger::with_writer(None, 1024).unwrap();
+        assert!(!log.is_on());
+        // A record of a request that was under way when the log went off: never written.
+        log.log(rec("/while-off"));
+        // The writer sleeps while off; a flush still wakes it and is answered.
+        assert!(log.flush(Duration::from_secs(5)));
+        let (ack, done) = std::sync::mpsc::sync_channel(1);
+        let inner = log.inner.as_ref().unwrap();
+        inner
+            .ctl
+            .send(Ctl::Switch(Some(Box::new(b.clone())), ack))
+            .unwrap();
+        done.recv().unwrap();
+        for i in 0..20 {
+            log.log(rec(&format!("/{i}")));
+        }
+        assert!(log.flush(Duration::from_secs(5)));
+        let lines = b.lines();
+        assert_eq!(lines.len(), 20, "{lines:?}");
+        assert!(lines.iter().all(|l| !l.contains("/while-off")));
     }
 
     #[test]

@@ -69,13 +69,11 @@ pub async fn handle(
     let hint_keepalive = version == Version::HTTP_11
         || (version == Version::HTTP_10 && message::asks_keep_alive(req.headers()));
     let method = req.method().clone();
-    // As received, for the log only: routing uses the validated and normalised forms.
-    let host = request_host(&req).map(str::to_owned);
-    let path = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
-    let request_id = request_id::ensure(req.headers_mut());
+    // For the warnings below (a shared copy: no allocation); the access log takes its own.
+    let uri = req.uri().clone();
+    let path = logged_path(&uri);
+    request_id::ensure_present(req.headers_mut());
+    // What only the access log needs is made only while it is on.
     let head = shared.access_log.is_on().then(|| LoggedHead::of(&req));
     let grpc = crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
@@ -128,12 +126,12 @@ pub async fn handle(
         time: wall,
         client: ctx.remote.ip(),
         method: method.to_string(),
-        host: host.unwrap_or_default(),
-        path,
+        host: head.host,
+        path: path.to_owned(),
         proto: proto_name(version),
         status: status.as_u16(),
         duration_ms: 0.0,
-        request_id: String::from_utf8_lossy(request_id.as_bytes()).into_owned(),
+        request_id: head.request_id,
         user_agent: head.user_agent,
         referer: head.referer,
         route: info.route.as_ref().map(|r| r.route.to_string()),
@@ -221,6 +219,9 @@ fn millis(d: Duration) -> f64 {
 
 /// What the access log keeps from the request head before the request moves on.
 struct LoggedHead {
+    /// As received: routing uses the validated and normalised forms.
+    host: String,
+    request_id: String,
     user_agent: Option<String>,
     referer: Option<String>,
 }
@@ -233,10 +234,18 @@ impl LoggedHead {
                 .map(|v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned())
         };
         Self {
+            host: request_host(req).unwrap_or_default().to_owned(),
+            request_id: text(request_id::X_REQUEST_ID).unwrap_or_default(),
             user_agent: text(header::USER_AGENT),
             referer: text(header::REFERER),
         }
     }
+}
+
+/// The request target as logged: path and query, as received.
+fn logged_path(uri: &Uri) -> &str {
+    uri.path_and_query()
+        .map_or_else(|| uri.path(), |p| p.as_str())
 }
 
 /// The per-route family, and the per-peer counters of the peer that answered.

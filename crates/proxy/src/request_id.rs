@@ -13,15 +13,23 @@ const MAX_LEN: usize = 128;
 
 /// Makes sure `headers` holds exactly one valid `x-request-id` and returns it.
 pub fn ensure(headers: &mut HeaderMap) -> HeaderValue {
+    ensure_present(headers);
+    headers
+        .get(&X_REQUEST_ID)
+        .cloned()
+        .expect("ensure_present inserted one")
+}
+
+/// Makes sure `headers` holds exactly one valid `x-request-id`, without taking a copy of it
+/// (the request path needs one only for the access log).
+pub fn ensure_present(headers: &mut HeaderMap) {
     let mut values = headers.get_all(&X_REQUEST_ID).iter();
     if let (Some(v), None) = (values.next(), values.next()) {
         if is_valid(v.as_bytes()) {
-            return v.clone();
+            return;
         }
     }
-    let id = generate();
-    headers.insert(X_REQUEST_ID, id.clone());
-    id
+    headers.insert(X_REQUEST_ID, generate());
 }
 
 /// Printable and safe in any log format: letters, digits and `-_.:+/=@`, at most 128 bytes.

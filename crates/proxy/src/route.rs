@@ -75,12 +75,16 @@ impl RouteTable {
 
     /// The route for a host (any case, port ignored) and a normalised path, with its name.
     pub fn find_route(&self, host: Option<&str>, path: &str) -> Option<(&RouteConfig, &RouteName)> {
-        let host = host.map(|h| strip_port(h).to_ascii_lowercase());
+        // Compared without case rather than lower-cased into a new string per request.
+        let host = host.map(strip_port);
         self.routes.iter().zip(&self.names).find(|(r, _)| {
-            let host_ok = match (&r.host, &host) {
+            let host_ok = match (&r.host, host) {
                 (HostMatch::Any, _) => true,
-                (HostMatch::Exact(e), Some(h)) => e == h,
-                (HostMatch::Suffix(s), Some(h)) => h.ends_with(s.as_str()) && h.len() > s.len(),
+                (HostMatch::Exact(e), Some(h)) => e.eq_ignore_ascii_case(h),
+                (HostMatch::Suffix(s), Some(h)) => {
+                    h.len() > s.len()
+                        && h.as_bytes()[h.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes())
+                }
                 _ => false,
             };
             host_ok && prefix_matches(&r.path, path)
@@ -142,6 +146,8 @@ mod tests {
         assert_eq!(t.find(Some("x.test"), "/apix"), Some("default"));
         assert_eq!(t.find(Some("a.example.com:8080"), "/api"), Some("wild"));
         assert_eq!(t.find(Some("SHOP.example.com"), "/"), Some("shop"));
+        assert_eq!(t.find(Some("B.Example.COM"), "/"), Some("wild"));
+        assert_eq!(t.find(Some(".EXAMPLE.com"), "/"), Some("default"));
         assert_eq!(t.find(Some("example.com"), "/api"), Some("api"));
     }
 

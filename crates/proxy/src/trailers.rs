@@ -28,11 +28,17 @@ fn te_lists_trailers(headers: &HeaderMap) -> bool {
         })
 }
 
+/// Whether a downstream client takes trailers in the response (`Wanted::accepts`, without
+/// reading the request's own `Trailer` declaration).
+pub fn accepted(headers: &HeaderMap, version: Version) -> bool {
+    version == Version::HTTP_2 || te_lists_trailers(headers)
+}
+
 impl Wanted {
     /// Reads a downstream request's head.
     pub fn of(headers: &HeaderMap, version: Version) -> Self {
         Self {
-            accepts: version == Version::HTTP_2 || te_lists_trailers(headers),
+            accepts: accepted(headers, version),
             declared: headers.get_all(header::TRAILER).iter().cloned().collect(),
         }
     }

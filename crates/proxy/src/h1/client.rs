@@ -39,6 +39,8 @@ pub struct Wire<T> {
     pend: VecDeque<Bytes>,
     /// A write went out that TLS may still hold in its buffer.
     need_flush: bool,
+    /// Scratch space of the response head parse, kept with the connection.
+    fields: head::Fields,
 }
 
 impl<T> Wire<T> {
@@ -50,6 +52,7 @@ impl<T> Wire<T> {
             wbuf: BytesMut::new(),
             pend: VecDeque::new(),
             need_flush: false,
+            fields: head::Fields::new(),
         }
     }
 
@@ -194,8 +197,9 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
                 Poll::Pending => {}
             }
-            loop {
-                match head::parse(&mut wire.rbuf, head_request)? {
+            // Nothing read yet (the first poll, as a rule): nothing to parse.
+            while !wire.rbuf.is_empty() {
+                match head::parse_with(&mut wire.rbuf, head_request, &mut wire.fields)? {
                     Parsed::Partial => break,
                     // 101 to a request that asked no upgrade: nothing can follow it here.
                     Parsed::Informational(s, _) if s == StatusCode::SWITCHING_PROTOCOLS => {

@@ -72,6 +72,10 @@ where
     let mut close_pending = *signals.close_idle.borrow();
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
+    // One wait for the close signal for the whole connection, not a new one (a waiter added
+    // to the signal and removed again) per `select!` round; polled only until it fires.
+    let told = told_to_close(&mut signals.close_idle);
+    tokio::pin!(told);
     loop {
         let head = loop {
             let (parsed, buffered) = {
@@ -111,7 +115,7 @@ where
                     Ok(0) | Err(_) => return Outcome::Closed,
                     Ok(_) => activity.touch(),
                 },
-                () = told_to_close(&mut signals.close_idle), if !close_pending => {
+                () = &mut told, if !close_pending => {
                     close_pending = true;
                 }
                 () = &mut timer => match expired(activity, cfg) {
@@ -138,8 +142,7 @@ where
         if let Some(framing) = body {
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
-        let accepts_trailers =
-            crate::trailers::Wanted::of(request.headers(), request.version()).accepts;
+        let accepts_trailers = crate::trailers::accepted(request.headers(), request.version());
         let handling = crate::proxy::handle(request, ctx.clone());
         tokio::pin!(handling);
         // As hyper did: a client that closes while its bodiless request is handled has left,
@@ -149,7 +152,7 @@ where
         let resp = loop {
             tokio::select! {
                 r = &mut handling => break r,
-                () = told_to_close(&mut signals.close_idle), if !close_pending => {
+                () = &mut told, if !close_pending => {
                     close_pending = true;
                 }
                 r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {

@@ -16,6 +16,8 @@ use crate::h1::head::{trim_ows, Framing};
 
 /// hyper's limit on header fields in a request; more is answered 431 on the hyper path.
 const MAX_HEADERS: usize = 100;
+/// Header fields upkeep may add to a request before it goes upstream.
+const ADDED_UPSTREAM: usize = 6;
 /// hyper answers 414 for a longer request target.
 const MAX_TARGET: usize = u16::MAX as usize - 1;
 
@@ -141,7 +143,10 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
         put_back(&raw, buf);
         return Parsed::HandOver;
     };
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    // Room for the fields upkeep adds on the way upstream (`x-request-id`, `x-forwarded-*`
+    // or `forwarded`, `host`): a map that fills up is rehashed into a new table, which cost
+    // more than the parse itself.
+    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_UPSTREAM);
     let mut close = false;
     let mut keep = false;
     for (name, s, e) in fields.drain(..) {
