@@ -15,9 +15,12 @@
 //! the rest of the connection: hyper answers refusals (400, 414, 431) exactly as before, and
 //! `crate::expect` and `crate::upgrade` work unchanged.
 
+mod invariants;
 mod request;
 mod response;
 mod wire;
+
+pub use invariants::request_invariants;
 
 use std::future::poll_fn;
 use std::sync::Arc;
