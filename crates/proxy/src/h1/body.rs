@@ -163,6 +163,11 @@ impl Decoder {
                         return Ok(Some(Piece::End));
                     }
                     if buf.len() < 2 {
+                        // A bare LF is refused as soon as it is seen, as the framing check
+                        // refuses it downstream.
+                        if buf.first() == Some(&b'\n') {
+                            return Err(BadBody("malformed trailer section"));
+                        }
                         return Ok(None);
                     }
                     // Looked for within the limit only, so that any split of the input gives
