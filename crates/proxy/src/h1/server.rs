@@ -35,7 +35,7 @@ use crate::listener::{count_timeout, expired, may_close, next_deadline, Expired,
 use crate::proxy::ConnCtx;
 use request::Parsed;
 use response::Answering;
-use wire::{BodySource, Shared, READ_CHUNK};
+use wire::{give_back, take_spare, BodySource, Shared, READ_CHUNK};
 
 /// How long a closing connection waits for its TLS close or FIN to go out.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -169,6 +169,9 @@ where
             head_method,
             accepts_trailers,
         };
+        if wbuf.capacity() == 0 {
+            wbuf = take_spare();
+        }
         // Boxed for the same reason as the handler.
         let written = Box::pin(response::write(
             &wire,
@@ -200,7 +203,8 @@ where
 
 /// Reads more of the next request head. When nothing has come, the connection lets go of its
 /// write buffer, and of its read buffer unless part of a head waits in it: an idle
-/// keep-alive connection holds no buffer, and the next read allocates a fresh one (a
+/// keep-alive connection holds no buffer. They are kept aside for the thread's next read or
+/// response (`wire::give_back`, at most 64), so this costs no allocation per request (a
 /// connection busy with pipelined requests never waits here, and keeps its buffers).
 fn poll_read_head<IO>(
     wire: &Shared<IO>,
@@ -212,10 +216,10 @@ where
 {
     let read = wire.poll_read_more(cx, READ_CHUNK);
     if read.is_pending() {
-        *wbuf = BytesMut::new();
+        give_back(wbuf);
         let mut w = wire.lock();
         if w.rbuf.is_empty() {
-            w.rbuf = BytesMut::new();
+            give_back(&mut w.rbuf);
         }
     }
     read
