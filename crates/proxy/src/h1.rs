@@ -22,6 +22,9 @@ use bytes::Bytes;
 use http_body::Frame;
 
 pub use client::Wire;
+/// For the fuzz target `h1_server_request` and its corpus replay.
+#[doc(hidden)]
+pub use server::request_invariants as server_request_invariants;
 
 use crate::error::BoxError;
 use crate::pool::{Conn, Pool};

@@ -513,23 +513,9 @@ async fn serve(
         client_ip: crate::headers::client_ip_value(remote),
     });
     match tls {
-        Some(acceptor) => {
-            let tls_stream = match tokio::time::timeout(
-                cfg.header_read_timeout,
-                acceptor.accept(stream),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Err(_) => {
-                    count_timeout(&ctx.shared, "header_read");
-                    return;
-                }
-                Ok(Err(_)) => return,
-            };
-            let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
-            serve_proto(tls_stream, h2, &[], ctx, signals).await;
-        }
+        // Boxed: held inline, the TLS session's state would be part of every connection
+        // task's memory, plain ones included.
+        Some(acceptor) => Box::pin(serve_tls(stream, acceptor, ctx, signals)).await,
         None => {
             let mut stream = stream;
             let mut prefix = Vec::with_capacity(H2_PREFACE.len());
@@ -562,6 +548,27 @@ async fn serve(
             serve_proto(stream, h2, &prefix, ctx, signals).await;
         }
     }
+}
+
+/// Accepts TLS on a connection, then serves it.
+async fn serve_tls(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    ctx: Arc<ConnCtx>,
+    signals: Signals,
+) {
+    let tls_stream =
+        match tokio::time::timeout(ctx.listener.header_read_timeout, acceptor.accept(stream)).await
+        {
+            Ok(Ok(s)) => s,
+            Err(_) => {
+                count_timeout(&ctx.shared, "header_read");
+                return;
+            }
+            Ok(Err(_)) => return,
+        };
+    let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    serve_proto(tls_stream, h2, &[], ctx, signals).await;
 }
 
 trait GracefulConn: Future<Output = Result<(), hyper::Error>> {
@@ -619,6 +626,17 @@ where
             }
         }
     };
+    // Boxed: held inline, hyper's connection state (with its request handler's) would be part
+    // of every connection task's memory, own-server connections that never use it included.
+    Box::pin(serve_hyper(io, h2, prefix, ctx, signals)).await;
+}
+
+/// Serves the rest of a connection with hyper (HTTP/2, or HTTP/1 handed over by the own
+/// server), behind the framing check.
+async fn serve_hyper<IO>(io: IO, h2: bool, prefix: &[u8], ctx: Arc<ConnCtx>, signals: Signals)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let cfg = ctx.listener.clone();
     let activity = ctx.activity.clone();
     let framer = (!h2).then(|| Framer::new(cfg.max_header_bytes));

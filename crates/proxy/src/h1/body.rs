@@ -140,7 +140,9 @@ impl Decoder {
                         }
                         return Ok(None);
                     };
-                    if lf > MAX_CHUNK_LINE {
+                    // The line with its LF is at most `MAX_CHUNK_LINE` bytes, as the framing
+                    // check counts it downstream.
+                    if lf >= MAX_CHUNK_LINE {
                         return Err(BadBody("chunk-size line too long"));
                     }
                     if lf == 0 || buf[lf - 1] != b'\r' {
@@ -161,6 +163,11 @@ impl Decoder {
                         return Ok(Some(Piece::End));
                     }
                     if buf.len() < 2 {
+                        // A bare LF is refused as soon as it is seen, as the framing check
+                        // refuses it downstream.
+                        if buf.first() == Some(&b'\n') {
+                            return Err(BadBody("malformed trailer section"));
+                        }
                         return Ok(None);
                     }
                     // Looked for within the limit only, so that any split of the input gives
@@ -230,6 +237,12 @@ fn chunk_size(line: &[u8]) -> Result<u64, BadBody> {
     Ok(line[..hex_end].iter().fold(0u64, |n, &d| {
         n * 16 + u64::from((d as char).to_digit(16).unwrap_or(0))
     }))
+}
+
+/// Whether `section` (trailer fields and the empty line that ends them) is one the decoder
+/// takes: the framing check (`crate::listener::framing`) asks the same of request trailers.
+pub(crate) fn trailers_valid(section: &[u8]) -> bool {
+    section.len() <= MAX_TRAILERS && parse_trailers(section).is_ok()
 }
 
 /// A trailer section ending in CRLF CRLF, strictly (no bare LF, no folding).

@@ -2,7 +2,7 @@
 //! (docs/http1.md).
 //!
 //! One task per connection reads a request head into a per-connection buffer (reused across
-//! requests, kept small while idle), parses it once (`request`, which is also the strict
+//! requests, let go of while idle), parses it once (`request`, which is also the strict
 //! framing check), runs `crate::proxy::handle` in the same task with the request body read
 //! from the connection as it is asked for (`wire`: `Content-Length` or validated chunked),
 //! and writes the response with its own encoder (`response`). Pipelined requests wait in
@@ -15,9 +15,12 @@
 //! the rest of the connection: hyper answers refusals (400, 414, 431) exactly as before, and
 //! `crate::expect` and `crate::upgrade` work unchanged.
 
+mod invariants;
 mod request;
 mod response;
 mod wire;
+
+pub use invariants::request_invariants;
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -32,10 +35,8 @@ use crate::listener::{count_timeout, expired, may_close, next_deadline, Expired,
 use crate::proxy::ConnCtx;
 use request::Parsed;
 use response::Answering;
-use wire::{BodySource, Shared, READ_CHUNK};
+use wire::{give_back, take_spare, BodySource, Shared, READ_CHUNK};
 
-/// Buffers larger than this are let go when the connection goes idle.
-const KEEP_WHILE_IDLE: usize = 4 * 1024;
 /// How long a closing connection waits for its TLS close or FIN to go out.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
@@ -81,9 +82,6 @@ where
             let (parsed, buffered) = {
                 let mut w = wire.lock();
                 if w.rbuf.is_empty() {
-                    if w.rbuf.capacity() > KEEP_WHILE_IDLE {
-                        w.rbuf = BytesMut::new();
-                    }
                     (Parsed::Partial, false)
                 } else {
                     (
@@ -111,7 +109,7 @@ where
             }
             timer.as_mut().reset(Instant::now() + wait);
             tokio::select! {
-                r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)) => match r {
+                r = poll_fn(|cx| poll_read_head(&wire, &mut wbuf, cx)) => match r {
                     Ok(0) | Err(_) => return Outcome::Closed,
                     Ok(_) => activity.touch(),
                 },
@@ -143,8 +141,9 @@ where
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
         let accepts_trailers = crate::trailers::accepted(request.headers(), request.version());
-        let handling = crate::proxy::handle(request, ctx.clone());
-        tokio::pin!(handling);
+        // Boxed: held inline, the handler's state would be part of the connection task's
+        // memory for as long as the connection lives, idle ones included.
+        let mut handling = Box::pin(crate::proxy::handle(request, ctx.clone()));
         // As hyper did: a client that closes while its bodiless request is handled has left,
         // and the request is dropped (its upstream exchange with it). Bytes that come
         // meanwhile (a pipelined request) wait in the buffer.
@@ -173,7 +172,11 @@ where
             head_method,
             accepts_trailers,
         };
-        let written = response::write(
+        if wbuf.capacity() == 0 {
+            wbuf = take_spare();
+        }
+        // Boxed for the same reason as the handler.
+        let written = Box::pin(response::write(
             &wire,
             &mut wbuf,
             &mut pending,
@@ -181,7 +184,7 @@ where
             &answering,
             cfg.send_timeout,
             activity,
-        )
+        ))
         .await;
         activity.touch();
         match written {
@@ -198,10 +201,31 @@ where
                 return Outcome::Closed;
             }
         }
-        if wbuf.capacity() > KEEP_WHILE_IDLE {
-            wbuf = BytesMut::new();
+    }
+}
+
+/// Reads more of the next request head. When nothing has come, the connection lets go of its
+/// write buffer, and of its read buffer unless part of a head waits in it: an idle
+/// keep-alive connection holds no buffer. They are kept aside for the thread's next read or
+/// response (`wire::give_back`, at most 64), so this costs no allocation per request (a
+/// connection busy with pipelined requests never waits here, and keeps its buffers).
+fn poll_read_head<IO>(
+    wire: &Shared<IO>,
+    wbuf: &mut BytesMut,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<std::io::Result<usize>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let read = wire.poll_read_more(cx, READ_CHUNK);
+    if read.is_pending() {
+        give_back(wbuf);
+        let mut w = wire.lock();
+        if w.rbuf.is_empty() {
+            give_back(&mut w.rbuf);
         }
     }
+    read
 }
 
 /// Waits until the connection is told to close (its guard on the signal is not held).
@@ -260,4 +284,82 @@ async fn head_timed_out<IO: AsyncRead + AsyncWrite + Unpin>(
         );
     }
     close(wire).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll, Waker};
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// Reads until `want` bytes wait in the read buffer.
+    async fn read_until(wire: &Shared<TcpStream>, wbuf: &mut BytesMut, want: usize) {
+        while wire.lock().rbuf.len() < want {
+            let n = poll_fn(|cx| poll_read_head(wire, wbuf, cx)).await.unwrap();
+            assert!(n > 0, "the client closed");
+        }
+    }
+
+    /// One read attempt, without waiting.
+    fn try_read(wire: &Shared<TcpStream>, wbuf: &mut BytesMut) -> Poll<std::io::Result<usize>> {
+        poll_read_head(wire, wbuf, &mut Context::from_waker(Waker::noop()))
+    }
+
+    fn served_target(wire: &Shared<TcpStream>, fields: &mut request::Fields) -> String {
+        match request::parse(&mut wire.lock().rbuf, fields, 8192) {
+            Parsed::Request(h) => h.request.uri().to_string(),
+            _ => panic!("no complete request head"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_lets_go_of_its_buffers_and_keeps_a_partial_head() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let wire = Shared::new(server, BytesMut::new());
+        let mut wbuf = BytesMut::new();
+        let mut fields = request::Fields::new();
+
+        // A request, and the start of a pipelined one.
+        let first: &[u8] = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HT";
+        client.write_all(first).await.unwrap();
+        read_until(&wire, &mut wbuf, first.len()).await;
+        assert_eq!(served_target(&wire, &mut fields), "/a");
+        // As after writing a response.
+        wbuf.reserve(16 * 1024);
+        assert!(try_read(&wire, &mut wbuf).is_pending());
+        assert_eq!(wbuf.capacity(), 0, "the write buffer is let go of");
+        assert_eq!(
+            &wire.lock().rbuf[..],
+            b"GET /b HT",
+            "the partial head stays"
+        );
+
+        let rest: &[u8] = b"TP/1.1\r\nHost: a\r\n\r\n";
+        client.write_all(rest).await.unwrap();
+        read_until(&wire, &mut wbuf, b"GET /b HT".len() + rest.len()).await;
+        assert_eq!(served_target(&wire, &mut fields), "/b");
+        wbuf.reserve(16 * 1024);
+        assert!(wire.lock().rbuf.is_empty() && wire.lock().rbuf.capacity() > 0);
+        // Nothing more comes: the connection is idle and holds no buffer.
+        assert!(try_read(&wire, &mut wbuf).is_pending());
+        assert_eq!(
+            wire.lock().rbuf.capacity(),
+            0,
+            "the read buffer is let go of"
+        );
+        assert_eq!(wbuf.capacity(), 0, "the write buffer is let go of");
+
+        // The next request is read into a fresh buffer.
+        let next: &[u8] = b"GET /c HTTP/1.1\r\nHost: a\r\n\r\n";
+        client.write_all(next).await.unwrap();
+        read_until(&wire, &mut wbuf, next.len()).await;
+        assert_eq!(served_target(&wire, &mut fields), "/c");
+    }
 }

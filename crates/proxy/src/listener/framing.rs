@@ -49,7 +49,8 @@ enum State {
 pub struct Framer {
     state: State,
     pending: Vec<u8>,
-    trailer_bytes: usize,
+    /// The trailer section read so far, checked whole at its end.
+    trailers: Vec<u8>,
     max_head: usize,
     /// Where, in the output of the current `feed`, the message being checked starts.
     msg_start: Option<usize>,
@@ -65,7 +66,7 @@ impl Framer {
         Self {
             state: State::Head,
             pending: Vec::new(),
-            trailer_bytes: 0,
+            trailers: Vec::new(),
             max_head,
             msg_start: None,
             long_target: false,
@@ -186,18 +187,25 @@ impl Framer {
                     };
                 }
                 State::ChunkLine | State::Trailer => {
+                    // A trailer field line is bounded by the section's limit only, as in the
+                    // body decoder (`crate::h1::body`).
+                    let (limit, too_long) = if self.state == State::ChunkLine {
+                        (MAX_CHUNK_LINE, "chunk-size line too long")
+                    } else {
+                        (MAX_TRAILERS, "trailer section too large")
+                    };
                     let Some(nl) = input.iter().position(|&b| b == b'\n') else {
                         self.pending.extend_from_slice(input);
-                        if self.pending.len() > MAX_CHUNK_LINE {
-                            return Err(Refused("chunk-size line too long"));
+                        if self.pending.len() > limit {
+                            return Err(Refused(too_long));
                         }
                         return Ok(());
                     };
                     self.pending.extend_from_slice(&input[..=nl]);
                     input = &input[nl + 1..];
                     let line = std::mem::take(&mut self.pending);
-                    if line.len() > MAX_CHUNK_LINE {
-                        return Err(Refused("chunk-size line too long"));
+                    if line.len() > limit {
+                        return Err(Refused(too_long));
                     }
                     if !line.ends_with(b"\r\n") {
                         return Err(Refused("chunked line not ended by CRLF"));
@@ -206,17 +214,27 @@ impl Framer {
                     if self.state == State::ChunkLine {
                         let size = chunk_size(&line[..line.len() - 2])?;
                         self.state = if size == 0 {
-                            self.trailer_bytes = 0;
+                            self.trailers.clear();
                             State::Trailer
                         } else {
                             State::ChunkData(size)
                         };
                     } else if line.len() == 2 {
+                        // The rules of the body decoder the own server reads request bodies
+                        // with (field syntax, names and values `http` takes, at most 64
+                        // fields, 16 KiB with the empty line), so both refuse the same bodies.
+                        if !self.trailers.is_empty() {
+                            self.trailers.extend_from_slice(b"\r\n");
+                            if !crate::h1::body::trailers_valid(&self.trailers) {
+                                return Err(Refused("malformed trailer section"));
+                            }
+                            self.trailers = Vec::new();
+                        }
                         self.state = self.end_of_message();
                     } else {
-                        self.trailer_bytes += line.len();
-                        if self.trailer_bytes > MAX_TRAILERS || !line.contains(&b':') {
-                            return Err(Refused("malformed trailer section"));
+                        self.trailers.extend_from_slice(&line);
+                        if self.trailers.len() + 2 > MAX_TRAILERS {
+                            return Err(Refused("trailer section too large"));
                         }
                     }
                 }
@@ -504,6 +522,68 @@ mod tests {
         let old: &[u8] = b"GET / HTTP/1.0\r\nUpgrade: websocket\r\n\r\n";
         f.feed(&[old, next].concat(), &mut out).unwrap();
         assert_eq!(&out[..], [old, next].concat().as_slice());
+    }
+
+    #[test]
+    fn chunk_lines_and_trailers_follow_the_body_decoders_rules() {
+        let chunked = |body: &[u8]| {
+            [
+                &b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+                body,
+            ]
+            .concat()
+        };
+        let line = |n: usize| {
+            [
+                b"3;".to_vec(),
+                vec![b'x'; n - 4],
+                b"\r\nabc\r\n0\r\n\r\n".to_vec(),
+            ]
+            .concat()
+        };
+        assert!(
+            run(&[&chunked(&line(1024))]).0.is_ok(),
+            "1024 bytes with CRLF"
+        );
+        assert!(
+            run(&[&chunked(&line(1025))]).0.is_err(),
+            "1025 bytes with CRLF"
+        );
+        let long_field = [
+            b"0\r\nX-Long: ".to_vec(),
+            vec![b'v'; 2000],
+            b"\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        assert!(
+            run(&[&chunked(&long_field)]).0.is_ok(),
+            "a trailer line over 1 KiB"
+        );
+        let many: Vec<u8> = (0..65)
+            .flat_map(|i| format!("T{i}: v\r\n").into_bytes())
+            .collect();
+        for bad in [
+            &b"0\r\nX@Y: 1\r\n\r\n"[..],
+            b"0\r\n: v\r\n\r\n",
+            b"0\r\nX-A: a\x00b\r\n\r\n",
+            &[&b"0\r\n"[..], &many, b"\r\n"].concat(),
+        ] {
+            assert!(
+                run(&[&chunked(bad)]).0.is_err(),
+                "accepted {:?}",
+                String::from_utf8_lossy(bad)
+            );
+            let mut d = crate::h1::body::Decoder::new(crate::h1::head::Framing::Chunked);
+            let mut buf = BytesMut::from(bad);
+            let refused = loop {
+                match d.decode(&mut buf) {
+                    Err(_) => break true,
+                    Ok(None | Some(crate::h1::body::Piece::End)) => break false,
+                    Ok(Some(_)) => {}
+                }
+            };
+            assert!(refused, "the body decoder accepts what the check refuses");
+        }
     }
 
     #[test]

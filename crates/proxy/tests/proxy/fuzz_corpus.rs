@@ -1,4 +1,4 @@
-//! Replays the checked-in corpus of the `http1_framing` fuzz target (`fuzz/`), so plain
+//! Replays the checked-in corpora of the fuzz targets (`fuzz/`), so plain
 //! `cargo test` checks the same invariants on every input the fuzzer kept, without nightly.
 
 use std::path::Path;
@@ -53,4 +53,19 @@ fn h1_chunked_corpus_keeps_the_decoder_invariants() {
         let r = std::panic::catch_unwind(|| upkeep_proxy::h1::body::decoder_invariants(&data));
         assert!(r.is_ok(), "{} breaks a decoder invariant", f.display());
     }
+}
+
+#[test]
+fn h1_server_request_corpus_keeps_the_server_invariants() {
+    let files = corpus("h1_server_request");
+    assert!(files.len() >= 100, "corpus has {} files", files.len());
+    let mut broken = Vec::new();
+    for f in &files {
+        let data = std::fs::read(f).unwrap();
+        let r = std::panic::catch_unwind(|| upkeep_proxy::h1::server_request_invariants(&data));
+        if r.is_err() {
+            broken.push(f.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    assert!(broken.is_empty(), "break a server invariant: {broken:?}");
 }

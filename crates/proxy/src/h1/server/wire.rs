@@ -22,6 +22,41 @@ pub(crate) const READ_CHUNK: usize = 4 * 1024;
 /// Body bytes read at a time.
 const BODY_CHUNK: usize = 16 * 1024;
 
+/// Most buffers kept aside per thread (see [`give_back`]).
+const SPARE_MAX: usize = 64;
+/// Larger buffers are freed rather than kept aside.
+const SPARE_LARGEST: usize = 16 * 1024;
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes `buf` from an idle connection (which then holds none) and keeps it aside for the
+/// next read or response on this thread: a connection that waits between requests does not
+/// pay a free and an allocation per request for holding nothing while idle.
+pub(crate) fn give_back(buf: &mut BytesMut) {
+    let mut b = std::mem::take(buf);
+    if b.capacity() == 0 || b.capacity() > SPARE_LARGEST {
+        return;
+    }
+    b.clear();
+    let _ = SPARE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_MAX {
+            s.push(b);
+        }
+    });
+}
+
+/// A buffer kept aside by [`give_back`], or a new empty one.
+pub(crate) fn take_spare() -> BytesMut {
+    SPARE
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// The stream, what was read from it and not consumed yet, and the request body in
 /// progress.
 pub(crate) struct Wire<IO> {
@@ -66,6 +101,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
     pub fn poll_read_more(&self, cx: &mut Context<'_>, chunk: usize) -> Poll<io::Result<usize>> {
         let mut w = self.lock();
         let Wire { io, rbuf, .. } = &mut *w;
+        if rbuf.capacity() == 0 {
+            *rbuf = take_spare();
+        }
         if rbuf.capacity() - rbuf.len() < 512 {
             rbuf.reserve(chunk);
         }
