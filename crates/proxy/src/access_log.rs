@@ -306,6 +306,18 @@ mod tests {
         assert_eq!(written + dropped, 200, "every line written or counted");
     }
 
+    /// Switches `log`'s destination to `sink` and waits until its writer has.
+    fn switch(log: &AccessLogger, sink: &Sink) {
+        let (ack, done) = std::sync::mpsc::sync_channel(1);
+        log.inner
+            .as_ref()
+            .unwrap()
+            .ctl
+            .send(Ctl::Switch(Some(Box::new(sink.clone())), ack))
+            .unwrap();
+        done.recv().unwrap();
+    }
+
     #[test]
     fn reopen_switches_destination_without_losing_a_line() {
         let (a, b) = (Sink::default(), Sink::default());
@@ -315,13 +327,7 @@ mod tests {
         for i in 0..50 {
             log.log(rec(&format!("/{i}")));
         }
-        let (ack, done) = std::sync::mpsc::sync_channel(1);
-        let inner = log.inner.as_ref().unwrap();
-        inner
-            .ctl
-            .send(Ctl::Switch(Some(Box::new(b.clone())), ack))
-            .unwrap();
-        done.recv().unwrap();
+        switch(&log, &b);
         for i in 50..80 {
             log.log(rec(&format!("/{i}")));
         }
@@ -340,13 +346,7 @@ mod tests {
         log.log(rec("/while-off"));
         // The writer sleeps while off; a flush still wakes it and is answered.
         assert!(log.flush(Duration::from_secs(5)));
-        let (ack, done) = std::sync::mpsc::sync_channel(1);
-        let inner = log.inner.as_ref().unwrap();
-        inner
-            .ctl
-            .send(Ctl::Switch(Some(Box::new(b.clone())), ack))
-            .unwrap();
-        done.recv().unwrap();
+        switch(&log, &b);
         for i in 0..20 {
             log.log(rec(&format!("/{i}")));
         }

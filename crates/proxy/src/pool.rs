@@ -573,10 +573,8 @@ impl Pool {
         if h2 {
             let (connect_protocol, connect_protocol_rx) = tokio::sync::watch::channel(None);
             let dedicated = on_continue.is_some();
-            let io = self::h2_continue::ContinueWatch::new(
-                self::h2_settings::SettingsWatch::new(io, connect_protocol),
-                on_continue,
-            );
+            let io = self::h2_settings::SettingsWatch::new(io, connect_protocol)
+                .with_continue(on_continue);
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .keep_alive_interval(self.cfg.http2_keepalive_interval)

@@ -11,12 +11,6 @@
 //! `100`, plain or Huffman-coded; the static table has no `100` to index. That one field is
 //! all that is decoded here; h2, under hyper, decodes the whole block as always.
 
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
 /// Frame header length (RFC 9113 §4.1).
 const HEADER: usize = 9;
 const HEADERS: u8 = 0x1;
@@ -31,25 +25,38 @@ const HUFFMAN_100: [u8; 2] = [0x08, 0x01];
 /// What is called when the peer's first answer on stream 1 is `100`.
 pub(crate) type OnContinue = Box<dyn FnOnce() + Send + Sync>;
 
-/// An upstream stream whose read bytes are looked at until stream 1's first header block.
-pub(crate) struct ContinueWatch<IO> {
-    io: IO,
+/// Looks at a connection's read bytes until stream 1's first header block
+/// (`h2_settings::SettingsWatch` passes them on).
+pub(crate) struct ContinueScan {
     /// The bytes read so far, while still looking.
     seen: Vec<u8>,
     on_continue: Option<OnContinue>,
 }
 
-impl<IO> ContinueWatch<IO> {
-    /// Wraps `io`; with `None` it only passes bytes through.
-    pub(crate) fn new(io: IO, on_continue: Option<OnContinue>) -> Self {
+impl ContinueScan {
+    pub(crate) fn new(on_continue: OnContinue) -> Self {
         Self {
-            io,
             seen: Vec::new(),
-            on_continue,
+            on_continue: Some(on_continue),
         }
     }
 
-    fn look(&mut self, data: &[u8]) {
+    /// Still looking.
+    pub(crate) fn active(&self) -> bool {
+        self.on_continue.is_some()
+    }
+
+    /// The peer closed: nothing more to look for.
+    pub(crate) fn closed(&mut self) {
+        self.on_continue = None;
+        self.seen = Vec::new();
+    }
+
+    /// Bytes just read from the peer.
+    pub(crate) fn look(&mut self, data: &[u8]) {
+        if !self.active() {
+            return;
+        }
         self.seen.extend_from_slice(data);
         match first_status_is_100(&self.seen) {
             None if self.seen.len() <= MAX_SCAN => {}
@@ -158,58 +165,6 @@ fn integer(block: &[u8], i: usize, n: u32) -> Option<(usize, usize)> {
             return Some((value, at));
         }
         shift += 7;
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for ContinueWatch<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.io).poll_read(cx, buf);
-        if self.on_continue.is_some() {
-            if let Poll::Ready(Ok(())) = r {
-                let new = buf.filled()[before..].to_vec();
-                if new.is_empty() {
-                    self.on_continue = None;
-                } else {
-                    self.look(&new);
-                }
-            }
-        }
-        r
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for ContinueWatch<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

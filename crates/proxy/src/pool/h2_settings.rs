@@ -16,6 +16,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
+use super::h2_continue::{ContinueScan, OnContinue};
+
 /// Frame header length (RFC 9113 §4.1).
 const HEADER: usize = 9;
 const SETTINGS: u8 = 0x4;
@@ -23,12 +25,14 @@ const ENABLE_CONNECT_PROTOCOL: u16 = 0x8;
 /// A first SETTINGS frame longer than this is not looked into (the setting reads as off).
 const MAX_PAYLOAD: usize = 6 * 64;
 
-/// An upstream stream whose first read bytes are looked at for the peer's SETTINGS.
+/// An upstream stream whose first read bytes are looked at for the peer's SETTINGS (and, on
+/// a connection for one `Expect: 100-continue` request, for its `100`: `h2_continue`).
 pub(crate) struct SettingsWatch<IO> {
     io: IO,
     /// The first frame's bytes so far; `None` once it has been read.
     first: Option<Vec<u8>>,
     tx: watch::Sender<Option<bool>>,
+    cont: Option<ContinueScan>,
 }
 
 impl<IO> SettingsWatch<IO> {
@@ -38,7 +42,14 @@ impl<IO> SettingsWatch<IO> {
             io,
             first: Some(Vec::with_capacity(HEADER + 6 * 8)),
             tx,
+            cont: None,
         }
+    }
+
+    /// Also looks for a `100` as the peer's first answer on stream 1.
+    pub(crate) fn with_continue(mut self, on_continue: Option<OnContinue>) -> Self {
+        self.cont = on_continue.map(ContinueScan::new);
+        self
     }
 
     fn look(&mut self, data: &[u8]) {
@@ -87,16 +98,24 @@ impl<IO: AsyncRead + Unpin> AsyncRead for SettingsWatch<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
-        if self.first.is_some() {
+        let looking = self.first.is_some() || self.cont.as_ref().is_some_and(ContinueScan::active);
+        if looking {
             if let Poll::Ready(Ok(())) = r {
                 let filled = buf.filled();
                 if filled.len() == before {
-                    // The peer closed before its SETTINGS.
-                    self.first = None;
-                    self.tx.send_replace(Some(false));
+                    // The peer closed (before its SETTINGS, if those are still awaited).
+                    if self.first.take().is_some() {
+                        self.tx.send_replace(Some(false));
+                    }
+                    if let Some(c) = &mut self.cont {
+                        c.closed();
+                    }
                 } else {
                     let new = filled[before..].to_vec();
                     self.look(&new);
+                    if let Some(c) = &mut self.cont {
+                        c.look(&new);
+                    }
                 }
             }
         }
