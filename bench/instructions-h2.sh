@@ -29,12 +29,9 @@ upkeep_bin
 
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=bench.test \
     -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
-free_port backend_port
+lab_backend backend_port
 free_port proxy_port
 free_port admin_port
-"$UPKEEP" lab backend --listen "127.0.0.1:$backend_port" --name ok >"$work/backend.log" 2>&1 &
-pids+=($!)
-wait_ok "$backend_port" "lab backend"
 cat >"$work/upkeep.toml" <<TOML
 [admin]
 listen = "127.0.0.1:$admin_port"

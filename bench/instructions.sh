@@ -22,12 +22,9 @@ for tool in valgrind callgrind_control callgrind_annotate curl ss; do
 done
 upkeep_bin
 
-free_port backend_port
+lab_backend backend_port
 free_port proxy_port
 free_port admin_port
-"$UPKEEP" lab backend --listen "127.0.0.1:$backend_port" --name ok >"$work/backend.log" 2>&1 &
-pids+=($!)
-wait_ok "$backend_port" "lab backend"
 valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
     "$UPKEEP" serve --listen "127.0.0.1:$proxy_port" --to "http://127.0.0.1:$backend_port" \
     --admin "127.0.0.1:$admin_port" --access-log off --log-level warn --workers 1 \

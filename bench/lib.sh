@@ -115,3 +115,12 @@ upkeep_bin() {
 json_field() {
     awk -F': ' -v k="\"$1\"" '$1 ~ k { gsub(/[ ,]/, "", $2); print $2 }' "$2"
 }
+
+# lab_backend PORT_VAR: an `upkeep lab backend` answering `ok` on a free loopback port (set in
+# PORT_VAR), logging to $work/backend.log; returns once it answers.
+lab_backend() {
+    free_port "$1"
+    "$UPKEEP" lab backend --listen "127.0.0.1:${!1}" --name ok >"$work/backend.log" 2>&1 &
+    pids+=($!)
+    wait_ok "${!1}" "lab backend"
+}
