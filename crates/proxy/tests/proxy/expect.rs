@@ -250,6 +250,9 @@ const H2_BACKEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/expect/h2_b
 /// any byte of the upload leaves upkeep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn to_an_http2_backend_its_100_and_its_refusal_reach_curl_without_the_fallback_wait() {
+    if !support::py::have("h2.connection") {
+        return;
+    }
     let backend = PyServer::start(H2_BACKEND, &[]).await;
     let up = support::upkeep(&support::one_group(&[backend.addr], "protocol = \"http2\"")).await;
     for (proto, path, shows_100) in [

@@ -19,19 +19,7 @@ fn script(name: &str) -> PathBuf {
 
 /// Whether grpcio is importable; outside CI a machine without it skips (CI installs it).
 fn grpcio() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import grpc"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "grpcio is installed by .ci/run"
-        );
-        eprintln!("skipped: python3 with grpcio is not installed");
-    }
-    ok
+    crate::support::py::have("grpc")
 }
 
 /// The grpcio echo server; stopped (stdin closed, then killed) on drop.

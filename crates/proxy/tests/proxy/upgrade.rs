@@ -3,7 +3,7 @@
 //! RFC 8441. Covers docs/protocols.md "WebSocket and other upgrades".
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,47 +16,18 @@ use upkeep_proxy::server::{start_with, Control, Running};
 
 use crate::support;
 use crate::support::py::PyServer;
+use crate::support::TempDir;
+
+/// A temporary directory for one upgrade test's files.
+fn upgrade_dir(name: &str) -> TempDir {
+    TempDir::new(&format!("upgrade-{name}"))
+}
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
 
-/// Whether python3 with `websockets` is here; outside CI a missing one skips the test.
+/// Whether python3 with `websockets` is here (`support::py::have`).
 async fn have_websockets() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import websockets.asyncio.client"])
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !ok {
-        // .ci/run installs it; there a missing package is a failure, not a skip.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3 websockets is installed by .ci/run"
-        );
-        eprintln!("skipped: python3 websockets is not installed");
-    }
-    ok
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("upkeep-upgrade-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    support::py::have("websockets.asyncio.client")
 }
 
 /// The `websockets` echo server: one JSON line per connection it saw end.
@@ -109,7 +80,7 @@ async fn websocket_echo_of_1000_messages_each_way_with_close_codes_relayed_and_c
     if !have_websockets().await {
         return;
     }
-    let dir = Dir::new("echo");
+    let dir = upgrade_dir("echo");
     let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
@@ -174,7 +145,7 @@ async fn a_refused_upgrade_is_relayed_as_it_is_and_the_connection_goes_on_as_htt
     if !have_websockets().await {
         return;
     }
-    let dir = Dir::new("refused");
+    let dir = upgrade_dir("refused");
     let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
@@ -229,7 +200,7 @@ async fn an_idle_upgraded_connection_is_closed_at_upgrade_idle_timeout_and_count
     if !have_websockets().await {
         return;
     }
-    let dir = Dir::new("idle");
+    let dir = upgrade_dir("idle");
     let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "upgrade_idle_timeout = \"700ms\"").await;
@@ -278,7 +249,7 @@ async fn shutdown_closes_an_upgraded_connection_after_shutdown_timeout_and_logs_
     if !have_websockets().await {
         return;
     }
-    let dir = Dir::new("shutdown");
+    let dir = upgrade_dir("shutdown");
     let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(
@@ -324,7 +295,7 @@ async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server
     if !have_node().await {
         return;
     }
-    let dir = Dir::new("h2");
+    let dir = upgrade_dir("h2");
     let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
@@ -390,7 +361,7 @@ async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
     if !have_websockets().await || !have_node().await {
         return;
     }
-    let dir = Dir::new("tls");
+    let dir = upgrade_dir("tls");
     let cert = rcgen::generate_simple_self_signed(vec!["upkeep.test".to_owned()]).unwrap();
     std::fs::write(dir.path("cert.pem"), cert.cert.pem()).unwrap();
     std::fs::write(dir.path("key.pem"), cert.signing_key.serialize_pem()).unwrap();
@@ -431,7 +402,7 @@ async fn bytes_sent_right_behind_the_upgrade_request_reach_the_backend_after_the
     if !have_websockets().await {
         return;
     }
-    let dir = Dir::new("early");
+    let dir = upgrade_dir("early");
     let server = echo_server().await;
     let up = upkeep(server.addr, &dir.path("access.log"), "", "").await;
     // One write: the handshake and a WebSocket frame (mask key 0, so the payload is as is).

@@ -4,7 +4,7 @@
 //! Covers docs/protocols.md "HTTP/2 upstreams", "Upgrades".
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,49 +16,19 @@ use upkeep_proxy::server::{start_with, Running};
 
 use crate::support;
 use crate::support::py::PyServer;
+use crate::support::TempDir;
+
+/// A temporary directory for one test's files.
+fn upgrade_dir(name: &str) -> TempDir {
+    TempDir::new(&format!("upgrade-h2-{name}"))
+}
 use crate::support::raw;
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/upgrade");
 
-/// Whether python3 with `websockets` and `hypercorn` is here; outside CI a missing one skips.
+/// Whether python3 with `websockets` and `hypercorn` is here (`support::py::have`).
 async fn have_python_packages() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import websockets.asyncio.client, hypercorn.asyncio"])
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !ok {
-        // .ci/run installs them; there a missing package is a failure, not a skip.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3 websockets and hypercorn are installed by .ci/run"
-        );
-        eprintln!("skipped: python3 websockets or hypercorn is not installed");
-    }
-    ok
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d =
-            std::env::temp_dir().join(format!("upkeep-upgrade-h2-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    support::py::have("websockets.asyncio.client, hypercorn.asyncio")
 }
 
 /// hypercorn with the echo app: one JSON line per WebSocket it saw end.
@@ -101,13 +71,13 @@ async fn wait_log(path: &Path, n: usize) -> Vec<Value> {
 }
 
 /// A self-signed certificate for `upstream.test`, written as cert.pem / key.pem in `dir`.
-fn upstream_cert(dir: &Dir) {
+fn upstream_cert(dir: &TempDir) {
     let cert = rcgen::generate_simple_self_signed(vec!["upstream.test".to_owned()]).unwrap();
     std::fs::write(dir.path("cert.pem"), cert.cert.pem()).unwrap();
     std::fs::write(dir.path("key.pem"), cert.signing_key.serialize_pem()).unwrap();
 }
 
-fn tls_group(addr: SocketAddr, dir: &Dir, protocol: &str) -> String {
+fn tls_group(addr: SocketAddr, dir: &TempDir, protocol: &str) -> String {
     format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n[[route]]\ngroup = \"app\"\n\n\
          [groups.app]\nendpoints = [\"https://{addr}\"]\nprotocol = \"{protocol}\"\n\n\
@@ -121,7 +91,7 @@ async fn an_http1_websocket_to_an_http2_group_goes_as_extended_connect_1000_mess
     if !have_python_packages().await {
         return;
     }
-    let dir = Dir::new("h2c");
+    let dir = upgrade_dir("h2c");
     let server = hypercorn(&[]).await;
     let log = dir.path("access.log");
     let up = upkeep(
@@ -191,7 +161,7 @@ async fn an_http2_websocket_to_an_http2_group_is_extended_connect_on_both_sides(
     if !have_python_packages().await || !have_node().await {
         return;
     }
-    let dir = Dir::new("h2h2");
+    let dir = upgrade_dir("h2h2");
     let server = hypercorn(&[]).await;
     let log = dir.path("access.log");
     let up = upkeep(
@@ -221,7 +191,7 @@ async fn an_upgrade_to_an_h2c_peer_without_extended_connect_is_502_upstream_no_u
     if !have_python_packages().await {
         return;
     }
-    let dir = Dir::new("nosetting");
+    let dir = upgrade_dir("nosetting");
     let server = hypercorn(&["--no-connect-protocol"]).await;
     let log = dir.path("access.log");
     let up = upkeep(
@@ -261,7 +231,7 @@ async fn an_auto_group_over_tls_upgrades_over_http1_when_the_peer_has_no_extende
     if !have_python_packages().await {
         return;
     }
-    let dir = Dir::new("auto");
+    let dir = upgrade_dir("auto");
     upstream_cert(&dir);
     let (cert, key) = (dir.path("cert.pem"), dir.path("key.pem"));
     let tls = ["--tls", cert.to_str().unwrap(), key.to_str().unwrap()];

@@ -51,3 +51,27 @@ pub async fn metric(running: &Running, prefix: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// A temporary directory for one test's files, removed on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// `upkeep-NAME-PID` under the system's temporary directory, empty.
+    pub fn new(name: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("upkeep-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+
+    /// A file's path in the directory.
+    pub fn path(&self, f: &str) -> std::path::PathBuf {
+        self.0.join(f)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -11,6 +11,24 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// Whether python3 can import `modules` (`import` syntax, comma-separated). Outside CI a
+/// missing one skips the test that asks; under CI, which installs them (`.ci/run`), it fails.
+pub fn have(modules: &str) -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 modules {modules} are installed by .ci/run"
+        );
+        eprintln!("skipped: python3 cannot import {modules}");
+    }
+    ok
+}
+
 /// A Python server script; killed on drop. `lines` collects its JSON lines.
 pub struct PyServer {
     _child: Child,
