@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -292,14 +291,14 @@ async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server
     if !have_websockets().await {
         return;
     }
-    if !have_node().await {
+    if !support::py::have_node() {
         return;
     }
     let dir = upgrade_dir("h2");
     let server = echo_server().await;
     let log = dir.path("access.log");
     let up = upkeep(server.addr, &log, "", "").await;
-    let r = node_h2_client(up.listeners[0], "/over-h2", None).await;
+    let r = support::py::node_h2_ws_client(up.listeners[0], "/over-h2", None).await;
     // RFC 8441 §5: 200 on the stream, no HTTP/1.1 handshake headers.
     assert_eq!(r["status"], 200, "{r}");
     assert_eq!(r["accept"], Value::Null, "{r}");
@@ -326,39 +325,9 @@ async fn websocket_over_http2_extended_connect_reaches_an_http1_websocket_server
     );
 }
 
-/// Whether Node.js is here; outside CI a missing one skips the test.
-async fn have_node() -> bool {
-    let ok = Command::new("node")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "node is installed by .ci/run"
-        );
-        eprintln!("skipped: node is not installed");
-    }
-    ok
-}
-
-/// Node's http2 client opening a WebSocket with an extended CONNECT (over TLS with `ca`).
-async fn node_h2_client(addr: SocketAddr, path: &str, ca: Option<&Path>) -> Value {
-    let mut cmd = Command::new("node");
-    cmd.arg(format!("{SCRIPTS}/h2_ws_client.js"))
-        .arg(addr.port().to_string())
-        .arg(path);
-    if let Some(ca) = ca {
-        cmd.arg(ca);
-    }
-    support::py::last_json_line(cmd, Duration::from_secs(20)).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
-    if !have_websockets().await || !have_node().await {
+    if !have_websockets().await || !support::py::have_node() {
         return;
     }
     let dir = upgrade_dir("tls");
@@ -385,7 +354,9 @@ async fn websocket_over_tls_with_http1_and_with_http2_as_a_browser_would() {
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["server_close"]["code"], 4001, "{r}");
     // wss:// over HTTP/2 (ALPN h2, extended CONNECT): Node's client, as a browser does it.
-    let r = node_h2_client(up.listeners[0], "/secure-h2", Some(&dir.path("cert.pem"))).await;
+    let r =
+        support::py::node_h2_ws_client(up.listeners[0], "/secure-h2", Some(&dir.path("cert.pem")))
+            .await;
     assert_eq!(r["status"], 200, "{r}");
     assert_eq!(r["echo"], "hello over h2", "{r}");
     assert_eq!(r["close_code"], 4003, "{r}");

@@ -5,11 +5,9 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::process::Command;
 use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::config::AccessLog;
 use upkeep_proxy::server::{start_with, Running};
@@ -158,7 +156,7 @@ async fn an_http1_websocket_to_an_http2_group_goes_as_extended_connect_1000_mess
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_websocket_to_an_http2_group_is_extended_connect_on_both_sides() {
-    if !have_python_packages().await || !have_node().await {
+    if !have_python_packages().await || !support::py::have_node() {
         return;
     }
     let dir = upgrade_dir("h2h2");
@@ -169,7 +167,7 @@ async fn an_http2_websocket_to_an_http2_group_is_extended_connect_on_both_sides(
         &log,
     )
     .await;
-    let r = node_h2_client(up.listeners[0], "/both-h2").await;
+    let r = support::py::node_h2_ws_client(up.listeners[0], "/both-h2", None).await;
     assert_eq!(r["status"], 200, "{r}");
     assert_eq!(
         r["accept"],
@@ -263,31 +261,4 @@ async fn an_auto_group_over_tls_upgrades_over_http1_when_the_peer_has_no_extende
         seen.iter().all(|v| v["http_version"] == "2"),
         "over HTTP/2: {seen:?}"
     );
-}
-
-/// Whether Node.js is here; outside CI a missing one skips the test.
-async fn have_node() -> bool {
-    let ok = Command::new("node")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "node is installed by .ci/run"
-        );
-        eprintln!("skipped: node is not installed");
-    }
-    ok
-}
-
-/// Node's http2 client opening a WebSocket with an extended CONNECT in clear text.
-async fn node_h2_client(addr: SocketAddr, path: &str) -> Value {
-    let mut cmd = Command::new("node");
-    cmd.arg(format!("{SCRIPTS}/h2_ws_client.js"))
-        .arg(addr.port().to_string())
-        .arg(path);
-    support::py::last_json_line(cmd, Duration::from_secs(20)).await
 }

@@ -115,3 +115,40 @@ pub async fn last_json_line(mut cmd: Command, within: Duration) -> Value {
         )
     })
 }
+
+/// Whether Node.js is here; outside CI a missing one skips the test, under CI it fails.
+pub fn have_node() -> bool {
+    let ok = std::process::Command::new("node")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "node is installed by .ci/run"
+        );
+        eprintln!("skipped: node is not installed");
+    }
+    ok
+}
+
+/// Node's http2 client (`tests/upgrade/h2_ws_client.js`) opening a WebSocket with an
+/// extended CONNECT to `addr`, in clear text or over TLS trusting `ca`; what it saw.
+pub async fn node_h2_ws_client(
+    addr: SocketAddr,
+    path: &str,
+    ca: Option<&std::path::Path>,
+) -> Value {
+    let mut cmd = Command::new("node");
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/upgrade/h2_ws_client.js"
+    ))
+    .arg(addr.port().to_string())
+    .arg(path);
+    if let Some(ca) = ca {
+        cmd.arg(ca);
+    }
+    last_json_line(cmd, Duration::from_secs(20)).await
+}
