@@ -27,6 +27,128 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == header::UPGRADE
 }
 
+/// Header maps kept aside per serving thread for the next message (at most
+/// [`SPARE_MAPS_MAX`], each with room for at most [`SPARE_MAP_LARGEST`] fields): every proxied
+/// request builds two (its own and its response's), and a new one is two allocations and an
+/// index table to fill, freed again one exchange later.
+const SPARE_MAPS_MAX: usize = 32;
+const SPARE_MAP_LARGEST: usize = 64;
+
+thread_local! {
+    static SPARE_MAPS: std::cell::RefCell<Vec<HeaderMap>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty header map with room for `fields` fields: one kept aside by [`recycle_map`] on
+/// this thread, or a new one.
+pub fn map_with_capacity(fields: usize) -> HeaderMap {
+    match SPARE_MAPS.try_with(|s| s.borrow_mut().pop()).ok().flatten() {
+        Some(mut m) => {
+            if m.capacity() < fields {
+                m.reserve(fields);
+            }
+            m
+        }
+        None => HeaderMap::with_capacity(fields),
+    }
+}
+
+/// Keeps `map`'s memory aside for [`map_with_capacity`] on this thread (its fields are
+/// dropped); a large map, or one more than the thread keeps, is freed.
+pub fn recycle_map(mut map: HeaderMap) {
+    if map.capacity() == 0 || map.capacity() > SPARE_MAP_LARGEST {
+        return;
+    }
+    map.clear();
+    let _ = SPARE_MAPS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_MAPS_MAX {
+            s.push(map);
+        }
+    });
+}
+
+/// Which of the fields the request path reads a message carries, found in one pass over its
+/// fields. Each rewrite step would otherwise look its names up (a hash of the name and a probe
+/// each, about 25 per proxied request); a message has few fields, and comparing a standard
+/// name is comparing an enum tag, so one look at each field costs less and the steps skip the
+/// lookups of fields that are not there. Taken before the rewriting and valid for the fields as
+/// received: a step that adds or removes one of these fields keeps that in mind itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Present(u16);
+
+impl Present {
+    pub const HOST: Self = Self(1);
+    pub const CONNECTION: Self = Self(1 << 1);
+    pub const UPGRADE: Self = Self(1 << 2);
+    pub const TE: Self = Self(1 << 3);
+    pub const TRAILER: Self = Self(1 << 4);
+    pub const TRANSFER_ENCODING: Self = Self(1 << 5);
+    pub const CONTENT_TYPE: Self = Self(1 << 6);
+    /// More than one `Cookie` field (crumbs to join).
+    pub const COOKIES: Self = Self(1 << 7);
+    pub const EXPECT: Self = Self(1 << 8);
+    pub const X_REQUEST_ID: Self = Self(1 << 9);
+    pub const KEEP_ALIVE: Self = Self(1 << 10);
+    /// Any hop-by-hop field (RFC 9110 §7.6.1), the ones above included.
+    pub const HOP_BY_HOP: Self = Self(1 << 11);
+    /// `Forwarded` or any `X-Forwarded-*`.
+    pub const FORWARDING: Self = Self(1 << 12);
+    const COOKIE: Self = Self(1 << 13);
+
+    /// One pass over `headers`' fields.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut p = Self::default();
+        for name in headers.keys() {
+            p.0 |= Self::classify(name).0;
+        }
+        if p.has(Self::COOKIE) && headers.get_all(header::COOKIE).iter().nth(1).is_some() {
+            p.0 |= Self::COOKIES.0;
+        }
+        p
+    }
+
+    fn classify(name: &HeaderName) -> Self {
+        let hop = Self::HOP_BY_HOP.0;
+        let bits = if name == header::HOST {
+            Self::HOST.0
+        } else if name == header::CONNECTION {
+            Self::CONNECTION.0 | hop
+        } else if name == header::UPGRADE {
+            Self::UPGRADE.0 | hop
+        } else if name == header::TE {
+            Self::TE.0 | hop
+        } else if name == header::TRAILER {
+            Self::TRAILER.0 | hop
+        } else if name == header::TRANSFER_ENCODING {
+            Self::TRANSFER_ENCODING.0 | hop
+        } else if name == header::CONTENT_TYPE {
+            Self::CONTENT_TYPE.0
+        } else if name == header::COOKIE {
+            Self::COOKIE.0
+        } else if name == header::EXPECT {
+            Self::EXPECT.0
+        } else if name == header::FORWARDED {
+            Self::FORWARDING.0
+        } else if name == KEEP_ALIVE {
+            Self::KEEP_ALIVE.0 | hop
+        } else if is_hop_by_hop(name) {
+            hop
+        } else if name == crate::request_id::X_REQUEST_ID {
+            Self::X_REQUEST_ID.0
+        } else if name.as_str().starts_with("x-forwarded-") {
+            Self::FORWARDING.0
+        } else {
+            0
+        };
+        Self(bits)
+    }
+
+    /// Whether the message carries `field` (one of the constants above).
+    pub fn has(self, field: Self) -> bool {
+        self.0 & field.0 != 0
+    }
+}
+
 /// Headers that `Connection` may not nominate for removal: a client could otherwise have the
 /// routing host or a front proxy's forwarding headers deleted on their way upstream.
 fn is_protected(name: &HeaderName) -> bool {
@@ -78,22 +200,24 @@ pub fn client_ip_value(client: SocketAddr) -> HeaderValue {
 /// is `client_ip`, from [`client_ip_value`]) that arrived over `proto`. From a `trusted`
 /// client (a proxy in `trusted_proxies`) the chain is appended to; from anyone else every
 /// incoming forwarding header is dropped first, so a client cannot forge its origin.
+/// `carries_forwarding`: the request came with such a header (`Present::FORWARDING`);
+/// `host_field`: its `Host` field, if any.
+#[allow(clippy::too_many_arguments)]
 pub fn add_forwarded(
     headers: &mut HeaderMap,
     mode: Forwarded,
+    carries_forwarding: bool,
     trusted: bool,
     client: SocketAddr,
     client_ip: &HeaderValue,
     proto: &str,
     host: Option<&str>,
+    host_field: Option<&HeaderValue>,
 ) {
     if !trusted {
-        // Most requests carry none of these: one look at the few names a request has costs
-        // less than four hashed lookups, and the removals are paid only when one is there.
-        let forged = headers
-            .keys()
-            .any(|n| n == header::FORWARDED || n.as_str().starts_with("x-forwarded-"));
-        if forged {
+        // Most requests carry none of these (`Present::FORWARDING`): the removals are paid
+        // only when one is there.
+        if carries_forwarding {
             headers.remove(&X_FORWARDED_FOR);
             headers.remove(&X_FORWARDED_PROTO);
             headers.remove(&X_FORWARDED_HOST);
@@ -133,8 +257,7 @@ pub fn add_forwarded(
                 HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
             );
             // The request's own Host value when that is the host (a shared copy, no parsing).
-            let same_host = headers
-                .get(header::HOST)
+            let same_host = host_field
                 .filter(|v| host.is_some_and(|h| v.as_bytes() == h.as_bytes()))
                 .cloned();
             if let Some(h) = same_host.or_else(|| host.and_then(|h| HeaderValue::from_str(h).ok()))
@@ -207,6 +330,103 @@ mod tests {
     }
 
     #[test]
+    fn present_agrees_with_lookups_field_by_field() {
+        let fields: [(&str, Present); 16] = [
+            ("host", Present::HOST),
+            ("connection", Present::CONNECTION),
+            ("upgrade", Present::UPGRADE),
+            ("te", Present::TE),
+            ("trailer", Present::TRAILER),
+            ("transfer-encoding", Present::TRANSFER_ENCODING),
+            ("content-type", Present::CONTENT_TYPE),
+            ("expect", Present::EXPECT),
+            ("x-request-id", Present::X_REQUEST_ID),
+            ("keep-alive", Present::KEEP_ALIVE),
+            ("proxy-connection", Present::HOP_BY_HOP),
+            ("proxy-authorization", Present::HOP_BY_HOP),
+            ("proxy-authenticate", Present::HOP_BY_HOP),
+            ("forwarded", Present::FORWARDING),
+            ("x-forwarded-for", Present::FORWARDING),
+            ("x-forwarded-anything", Present::FORWARDING),
+        ];
+        let hop = [
+            "connection",
+            "upgrade",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "keep-alive",
+        ];
+        assert_eq!(Present::of(&HeaderMap::new()), Present::default());
+        for (name, bit) in fields {
+            let mut h = HeaderMap::new();
+            h.insert("x-other", "1".parse().unwrap());
+            h.insert("accept", "*/*".parse().unwrap());
+            h.insert(HeaderName::from_static(name), "v".parse().unwrap());
+            let p = Present::of(&h);
+            assert!(p.has(bit), "{name}");
+            assert_eq!(
+                p.has(Present::HOP_BY_HOP),
+                hop.contains(&name) || bit == Present::HOP_BY_HOP,
+                "{name}"
+            );
+            // Every other field reads as absent.
+            for (other, other_bit) in fields {
+                if other_bit != bit && other_bit != Present::HOP_BY_HOP {
+                    assert!(!p.has(other_bit), "{name} read as {other}");
+                }
+            }
+        }
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, "a=1".parse().unwrap());
+        assert!(!Present::of(&h).has(Present::COOKIES), "one cookie field");
+        h.append(header::COOKIE, "b=2".parse().unwrap());
+        assert!(Present::of(&h).has(Present::COOKIES), "two cookie fields");
+    }
+
+    #[test]
+    fn a_recycled_map_comes_back_empty_with_room() {
+        let mut m = map_with_capacity(8);
+        m.insert(header::HOST, "a.test".parse().unwrap());
+        m.append("x-a", "1".parse().unwrap());
+        let cap = m.capacity();
+        recycle_map(m);
+        let again = map_with_capacity(4);
+        assert!(again.is_empty(), "{again:?}");
+        assert_eq!(again.capacity(), cap, "the recycled map, not a new one");
+        let larger = map_with_capacity(cap + 40);
+        assert!(larger.capacity() >= cap + 40);
+        // Too large to keep: not handed out again.
+        let mut big = HeaderMap::with_capacity(SPARE_MAP_LARGEST + 1);
+        big.insert(header::HOST, "b.test".parse().unwrap());
+        recycle_map(big);
+        assert!(map_with_capacity(1).capacity() <= SPARE_MAP_LARGEST);
+    }
+
+    /// `add_forwarded` as the request path calls it, for a request to `a.test`.
+    fn forward_for(
+        h: &mut HeaderMap,
+        mode: Forwarded,
+        trusted: bool,
+        client: SocketAddr,
+        proto: &str,
+    ) {
+        let present = Present::of(h);
+        let host_field = h.get(header::HOST).cloned();
+        add_forwarded(
+            h,
+            mode,
+            present.has(Present::FORWARDING),
+            trusted,
+            client,
+            &client_ip_value(client),
+            proto,
+            Some("a.test"),
+            host_field.as_ref(),
+        );
+    }
+
+    #[test]
     fn forwarding_headers_from_an_untrusted_client_are_replaced() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "6.6.6.6".parse().unwrap());
@@ -214,15 +434,7 @@ mod tests {
         h.insert("x-forwarded-host", "evil.test".parse().unwrap());
         h.insert("forwarded", "for=6.6.6.6".parse().unwrap());
         let client = "127.0.0.5:999".parse().unwrap();
-        add_forwarded(
-            &mut h,
-            Forwarded::XForwarded,
-            false,
-            client,
-            &client_ip_value(client),
-            "http",
-            Some("a.test"),
-        );
+        forward_for(&mut h, Forwarded::XForwarded, false, client, "http");
         assert_eq!(h["x-forwarded-for"], "127.0.0.5");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.test");
@@ -234,30 +446,14 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
         let client = "127.0.0.5:999".parse().unwrap();
-        add_forwarded(
-            &mut h,
-            Forwarded::XForwarded,
-            true,
-            client,
-            &client_ip_value(client),
-            "http",
-            Some("a.test"),
-        );
+        forward_for(&mut h, Forwarded::XForwarded, true, client, "http");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.5");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["x-forwarded-host"], "a.test");
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-proto", "https".parse().unwrap());
         let client = "127.0.0.5:999".parse().unwrap();
-        add_forwarded(
-            &mut h,
-            Forwarded::XForwarded,
-            true,
-            client,
-            &client_ip_value(client),
-            "http",
-            Some("a.test"),
-        );
+        forward_for(&mut h, Forwarded::XForwarded, true, client, "http");
         assert_eq!(
             h["x-forwarded-proto"], "https",
             "a trusted proxy's proto is kept"
@@ -265,15 +461,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("forwarded", "for=10.0.0.1".parse().unwrap());
         let client = "[::1]:9".parse().unwrap();
-        add_forwarded(
-            &mut h,
-            Forwarded::Forwarded,
-            true,
-            client,
-            &client_ip_value(client),
-            "https",
-            Some("a.test"),
-        );
+        forward_for(&mut h, Forwarded::Forwarded, true, client, "https");
         assert_eq!(
             h["forwarded"],
             "for=10.0.0.1, for=\"[::1]\";proto=https;host=\"a.test\""

@@ -19,7 +19,9 @@ use crate::body::{DownBody, OnDone, ReqBody, RespBody};
 use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
 use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
-use crate::headers::{add_forwarded, strip_hop_by_hop, strip_hop_by_hop_keeping, KEEP_ALIVE};
+use crate::headers::{
+    add_forwarded, strip_hop_by_hop, strip_hop_by_hop_keeping, Present, KEEP_ALIVE,
+};
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
 use crate::normalize::{self, message, Invalid};
@@ -52,9 +54,19 @@ pub struct ConnCtx {
 }
 
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
-pub async fn handle(
+pub fn handle(
+    req: Request<DownBody>,
+    ctx: Arc<ConnCtx>,
+) -> impl std::future::Future<Output = Result<Response<RespBody>, Infallible>> + Send {
+    let present = Present::of(req.headers());
+    handle_with(req, ctx, present)
+}
+
+/// [`handle`] for a caller that has looked at the request's fields already (`present`).
+pub async fn handle_with(
     mut req: Request<DownBody>,
     ctx: Arc<ConnCtx>,
+    present: Present,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
     let wall = SystemTime::now();
@@ -63,7 +75,7 @@ pub async fn handle(
     let in_flight = InFlight::new(ctx.activity.clone());
     let state = shared.state.load_full();
     let version = req.version();
-    let asks_upgrade = crate::upgrade::asks(&req);
+    let asks_upgrade = present.has(Present::UPGRADE) && crate::upgrade::asks(&req);
     // An HTTP/1.0 client keeps its connection only when it asks to; to any other the
     // keep-alive hint would announce a connection that closes after this response.
     let hint_keepalive = version == Version::HTTP_11
@@ -72,20 +84,25 @@ pub async fn handle(
     // For the warnings below (a shared copy: no allocation); the access log takes its own.
     let uri = req.uri().clone();
     let path = logged_path(&uri);
-    request_id::ensure_present(req.headers_mut());
+    if present.has(Present::X_REQUEST_ID) {
+        request_id::ensure_present(req.headers_mut());
+    } else {
+        request_id::insert_new(req.headers_mut());
+    }
     // What only the access log needs is made only while it is on.
     let head = shared.access_log.is_on().then(|| LoggedHead::of(&req));
-    let grpc = crate::grpc::is_grpc(req.headers());
+    let grpc = present.has(Present::CONTENT_TYPE) && crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
-    let result = CatchPanic::new(forward(req, &ctx, &state, &bytes_in, &mut info))
+    let result = caught_forward(req, present, grpc, &ctx, &state, &bytes_in, &mut info)
         .await
         .unwrap_or_else(|Panicked(why)| {
             tracing::error!(cause = "internal", panic = %why, method = %method, path = %path, "request handler panicked; answered 500");
             Err(ProxyError::new(Kind::Internal))
         });
-    let upstream_header_ms = result.is_ok().then(|| millis(start.elapsed()));
+    // For the access log only: no clock read while it is off.
+    let upstream_header_ms = (head.is_some() && result.is_ok()).then(|| millis(start.elapsed()));
     let (mut resp, cause, reason) = match result {
         Ok(r) => (r, None, None),
         Err(e) => {
@@ -286,8 +303,11 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 /// The request's authority, checked (rule H1-H3 of `normalize/rules.md`): the target's
 /// authority (`:authority`, absolute-form) or else `Host`; both present must name one host.
 /// Returns the value as sent (forwarded as `Host`) and its host part (routed on).
-fn checked_authority<B>(req: &Request<B>) -> Result<Option<(&str, &str)>, Invalid> {
-    let from_host = match req.headers().get(header::HOST) {
+fn checked_authority<'r, B>(
+    req: &'r Request<B>,
+    host_field: Option<&'r HeaderValue>,
+) -> Result<Option<(&'r str, &'r str)>, Invalid> {
+    let from_host = match host_field {
         None => None,
         Some(v) => {
             let v = v.to_str().map_err(|_| Invalid::Host)?;
@@ -392,8 +412,26 @@ impl Outgoing {
     }
 }
 
+/// `forward` under the panic boundary. A plain function, so that the handler's future holds
+/// the request's future once (passed to `CatchPanic::new` from an `async fn`, it would be
+/// held twice: the argument and the awaited value).
+fn caught_forward<'a>(
+    req: Request<DownBody>,
+    present: Present,
+    grpc: bool,
+    ctx: &'a ConnCtx,
+    state: &'a State,
+    bytes_in: &'a Arc<AtomicU64>,
+    info: &'a mut AttemptInfo,
+) -> CatchPanic<impl std::future::Future<Output = Result<Response<RespBody>, ProxyError>> + 'a> {
+    CatchPanic::new(forward(req, present, grpc, ctx, state, bytes_in, info))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     req: Request<DownBody>,
+    present: Present,
+    grpc: bool,
     ctx: &ConnCtx,
     state: &State,
     bytes_in: &Arc<AtomicU64>,
@@ -403,7 +441,13 @@ async fn forward(
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
     let invalid = |e: Invalid| ProxyError::new(Kind::Invalid(e.as_str()));
-    let authority = checked_authority(&req).map_err(invalid)?;
+    // The `Host` field as received: routed on, forwarded, and the default `X-Forwarded-Host`.
+    let host_field = if present.has(Present::HOST) {
+        req.headers().get(header::HOST).cloned()
+    } else {
+        None
+    };
+    let authority = checked_authority(&req, host_field.as_ref()).map_err(invalid)?;
     let (host_value, host) = match authority {
         Some((v, h)) => (Some(v.to_owned()), Some(h.to_owned())),
         None => (None, None),
@@ -473,22 +517,31 @@ async fn forward(
     }
 
     let (mut parts, body) = req.into_parts();
-    let upgrade = crate::upgrade::Wanted::take(
-        parts.version,
-        &parts.method,
-        &parts.headers,
-        &mut parts.extensions,
-        body.is_end_stream(),
-    );
+    let upgrade = if present.has(Present::CONNECTION) || parts.version == Version::HTTP_2 {
+        crate::upgrade::Wanted::take(
+            parts.version,
+            &parts.method,
+            &parts.headers,
+            &mut parts.extensions,
+            body.is_end_stream(),
+        )
+    } else {
+        None
+    };
     let mut headers = parts.headers;
-    let trailers = crate::trailers::Wanted::of(&headers, parts.version);
-    let grpc = crate::grpc::is_grpc(&headers);
-    strip_hop_by_hop_keeping(&mut headers, |n| route_rules.request_headers.writes(n));
+    let trailers = if present.has(Present::TE) || present.has(Present::TRAILER) {
+        crate::trailers::Wanted::of(&headers, parts.version)
+    } else {
+        crate::trailers::Wanted::none(parts.version)
+    };
+    if present.has(Present::HOP_BY_HOP) {
+        strip_hop_by_hop_keeping(&mut headers, |n| route_rules.request_headers.writes(n));
+    }
     trailers.restore_request(
         &mut headers,
         grpc && group.config().protocol != crate::config::UpstreamProtocol::Http1,
     );
-    if !headers.contains_key(header::HOST) {
+    if host_field.is_none() {
         // Rule H4: an HTTP/1.1 request upstream always names a host.
         let h = host_value.and_then(|h| HeaderValue::from_str(h).ok());
         headers.insert(
@@ -496,7 +549,9 @@ async fn forward(
             h.unwrap_or_else(|| message::default_host(ctx.local)),
         );
     }
-    message::join_cookie_crumbs(&mut headers);
+    if present.has(Present::COOKIES) {
+        message::join_cookie_crumbs(&mut headers);
+    }
     let trusted = ctx
         .listener
         .trusted_proxies
@@ -505,11 +560,13 @@ async fn forward(
     add_forwarded(
         &mut headers,
         ctx.listener.forwarded,
+        present.has(Present::FORWARDING),
         trusted,
         ctx.remote,
         &ctx.client_ip,
         if ctx.tls { "https" } else { "http" },
         host_value,
+        host_field.as_ref(),
     );
     // After upkeep's own headers, so a route can override them (nginx `proxy_set_header`).
     rules::apply_headers(&route_rules.request_headers, &mut headers, &vars);
@@ -523,10 +580,10 @@ async fn forward(
             bytes_in: bytes_in.clone(),
             shutdown_timeout: state.config.lifecycle.shutdown_timeout,
         };
-        return crate::upgrade::forward(want, f, &mut |p| {
+        return boxed(crate::upgrade::forward(want, f, &mut |p| {
             info.attempts += 1;
             info.peer = Some(p.clone());
-        })
+        }))
         .await;
     }
 
@@ -534,7 +591,9 @@ async fn forward(
     // with 400 before any upstream sees the request.
     let body = if body.is_end_stream() {
         None
-    } else if crate::expect::expects_continue(parts.version, &headers) {
+    } else if present.has(Present::EXPECT)
+        && crate::expect::expects_continue(parts.version, &headers)
+    {
         // The upstream decides whether the client uploads: nothing is read before it asks.
         Some(
             ReqBody::gated(body, bytes_in.clone(), ctx.listener.client_body_timeout)
@@ -585,10 +644,14 @@ async fn forward(
     let call_limit = grpc
         .then(|| crate::grpc::call_limit(&out.headers, route_rules.deadline))
         .flatten();
-    let call_start = Instant::now();
-    let mut resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await?;
+    let call_start = call_limit.map(|_| Instant::now());
+    let resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await;
+    // The request's fields went out with it: the map's memory serves the next message.
+    crate::headers::recycle_map(std::mem::take(&mut out.headers));
+    let mut resp = resp?;
     if let Some(limit) = call_limit {
-        resp = resp.map(|b| b.with_call_deadline(call_start + limit));
+        let start = call_start.unwrap_or_else(Instant::now);
+        resp = resp.map(|b| b.with_call_deadline(start + limit));
     }
     rules::apply_headers(&route_rules.response_headers, resp.headers_mut(), &vars);
     Ok(resp)
@@ -653,7 +716,9 @@ async fn send_with_retries(
                             reason: "connect_window",
                         })
                         .inc();
-                    group.connect_window_wait(window_end.min(deadline)).await;
+                    // Boxed, as every rare wait here: held inline, its state would be part of
+                    // every request's (see `boxed`).
+                    boxed(group.connect_window_wait(window_end.min(deadline))).await;
                     tried.clear();
                     continue;
                 }
@@ -678,7 +743,12 @@ async fn send_with_retries(
         };
         info.attempts += 1;
         info.peer = Some(peer.clone());
-        let sent_at = Instant::now();
+        // The first attempt goes out now: no second clock read.
+        let sent_at = if info.attempts == 1 {
+            started
+        } else {
+            Instant::now()
+        };
         match attempt(group, &peer, out, deadline, try_timeout).await {
             Ok(resp) => {
                 group.record_success(&peer, sent_at);
@@ -767,19 +837,7 @@ async fn attempt(
                 let timeout = cfg
                     .connect_timeout
                     .min(deadline.saturating_duration_since(Instant::now()));
-                use futures_util::future::Either;
-                let connecting = if own {
-                    Either::Left(pool.connect_own(peer.addr(), timeout))
-                } else if let Some(gate) = continue_gate {
-                    Either::Right(Either::Left(pool.connect_for_continue(
-                        peer.addr(),
-                        timeout,
-                        crate::expect::on_upstream_continue(gate),
-                    )))
-                } else {
-                    Either::Right(Either::Right(pool.connect(peer.addr(), timeout)))
-                };
-                match connecting.await {
+                match connect(pool, peer.addr(), timeout, own, continue_gate).await {
                     Ok(c) => c,
                     Err(ConnectError::Full(_)) => {
                         return Err(ProxyError::new(Kind::PeerFull).on_peer(
@@ -830,7 +888,7 @@ async fn attempt(
         let (w0, r0) = (conn.written(), conn.read());
         let progress = req.body().progress();
         let in_flight = peer.start_request();
-        let res = send_timed(&mut conn, req, progress, try_timeout, deadline).await;
+        let res = boxed(send_timed(&mut conn, req, progress, try_timeout, deadline)).await;
         drop(in_flight);
         match res {
             Err(_) => {
@@ -902,6 +960,39 @@ async fn attempt(
     }
 }
 
+/// A rare wait (a new connection, the connect retry window, an upgrade, hyper's client) on
+/// the heap. Its state would otherwise be part of every request's future, which the
+/// downstream connection boxes per request (`h1::server`): a larger one costs a larger
+/// allocation and copy on each. A plain function, so the future is made in its frame and
+/// moved once.
+fn boxed<'a, F: std::future::Future + Send + 'a>(f: F) -> BoxFuture<'a, F::Output> {
+    Box::pin(f)
+}
+
+/// A future on the heap.
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What a send under the per-try timer gives.
+type Timed<T> = Result<T, tokio::time::error::Elapsed>;
+
+/// Opens a connection to `addr` for an attempt: for upkeep's own codec (`own`), for an upload
+/// waiting on the peer's `100 Continue` (`continue_gate`), or for hyper's client.
+fn connect<'a>(
+    pool: &'a crate::pool::Pool,
+    addr: SocketAddr,
+    timeout: Duration,
+    own: bool,
+    continue_gate: Option<Arc<crate::expect::Gate>>,
+) -> BoxFuture<'a, Result<crate::pool::Conn, ConnectError>> {
+    if own {
+        boxed(pool.connect_own(addr, timeout))
+    } else if let Some(gate) = continue_gate {
+        boxed(pool.connect_for_continue(addr, timeout, crate::expect::on_upstream_continue(gate)))
+    } else {
+        boxed(pool.connect(addr, timeout))
+    }
+}
+
 /// Sends `req` on `conn` under the per-try timer. `try_timeout` counts from the moment the
 /// upstream side holds the request body (its last frame handed over), so a long upload at a
 /// steady rate never times out; time spent waiting for the client's body (bounded by
@@ -916,17 +1007,37 @@ async fn send_timed(
     timed(conn.send(req), progress, try_timeout, deadline).await
 }
 
-/// Runs `send` under the per-try timer (see `send_timed`).
-async fn timed<F: std::future::Future>(
+/// Runs `send` under the per-try timer (see `send_timed`). A plain function: a request
+/// without a body (most) gets one timer around `send`, made in place, and a future no larger
+/// than `send`'s; one with a body gets the loop below, on the heap.
+fn timed<'a, F: std::future::Future + Send + 'a>(
     send: F,
     progress: Option<Arc<crate::body::SendProgress>>,
     try_timeout: Duration,
     deadline: Instant,
+) -> futures_util::future::Either<tokio::time::Timeout<F>, BoxFuture<'a, Timed<F::Output>>> {
+    use futures_util::future::Either;
+    match progress {
+        None => {
+            let due = (Instant::now() + try_timeout).min(deadline);
+            Either::Left(tokio::time::timeout_at(due, send))
+        }
+        Some(progress) => Either::Right(boxed(timed_with_progress(
+            send,
+            progress,
+            try_timeout,
+            deadline,
+        ))),
+    }
+}
+
+/// `timed` for a request whose body is still going out.
+async fn timed_with_progress<F: std::future::Future>(
+    send: F,
+    progress: Arc<crate::body::SendProgress>,
+    try_timeout: Duration,
+    deadline: Instant,
 ) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let Some(progress) = progress else {
-        let due = (Instant::now() + try_timeout).min(deadline);
-        return tokio::time::timeout_at(due, send).await;
-    };
     progress.restart();
     tokio::pin!(send);
     loop {
@@ -1007,23 +1118,37 @@ fn rewrite_response_head(
     trailers: bool,
     h2: bool,
 ) -> Duration {
-    let close = parts.headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
-    }) || parts.version == Version::HTTP_10;
+    let present = Present::of(&parts.headers);
+    let close = present.has(Present::CONNECTION)
+        && parts.headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+        })
+        || parts.version == Version::HTTP_10;
     let idle = if close {
         Duration::ZERO
     } else {
-        group
-            .pool()
-            .idle_timeout_for(keepalive_hint(&parts.headers))
+        let hint = if present.has(Present::KEEP_ALIVE) {
+            keepalive_hint(&parts.headers)
+        } else {
+            None
+        };
+        group.pool().idle_timeout_for(hint)
     };
-    message::drop_length_under_transfer_coding(&mut parts.headers);
-    let mut declared = crate::trailers::declared(&parts.headers);
-    if h2 {
+    if present.has(Present::TRANSFER_ENCODING) {
+        message::drop_length_under_transfer_coding(&mut parts.headers);
+    }
+    let mut declared = if present.has(Present::TRAILER) {
+        crate::trailers::declared(&parts.headers)
+    } else {
+        Vec::new()
+    };
+    if h2 && present.has(Present::CONTENT_TYPE) {
         crate::trailers::declare_grpc(&parts.headers, &mut declared);
     }
-    strip_hop_by_hop(&mut parts.headers);
+    if present.has(Present::HOP_BY_HOP) {
+        strip_hop_by_hop(&mut parts.headers);
+    }
     crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;
     idle

@@ -32,6 +32,11 @@ pub fn ensure_present(headers: &mut HeaderMap) {
     headers.insert(X_REQUEST_ID, generate());
 }
 
+/// Gives `headers`, known to hold no `x-request-id`, a new one.
+pub fn insert_new(headers: &mut HeaderMap) {
+    headers.insert(X_REQUEST_ID, generate());
+}
+
 /// Printable and safe in any log format: letters, digits and `-_.:+/=@`, at most 128 bytes.
 fn is_valid(v: &[u8]) -> bool {
     !v.is_empty()

@@ -43,6 +43,14 @@ impl Wanted {
         }
     }
 
+    /// A request without `TE` or `Trailer` fields: `of` without looking them up.
+    pub fn none(version: Version) -> Self {
+        Self {
+            accepts: version == Version::HTTP_2,
+            declared: Vec::new(),
+        }
+    }
+
     /// After hop-by-hop removal: `TE: trailers` upstream when the client accepts trailers or
     /// `force` (gRPC to an HTTP/2 upstream, whose servers refuse a call without it), and the
     /// request's `Trailer` declaration (an HTTP/1.1 upstream gets the declared fields only).

@@ -151,7 +151,9 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Sent, SendError> {
     let head_request = *method == Method::HEAD;
     let mut b = body.take();
-    let enc = match (&b, headers.get(header::CONTENT_LENGTH)) {
+    // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`.
+    let length = || headers.get(header::CONTENT_LENGTH);
+    let enc = match (&b, b.as_ref().and_then(|_| length())) {
         (None, _) => Enc::Length(0),
         (Some(_), Some(v)) => Enc::Length(
             std::str::from_utf8(v.as_bytes())
@@ -162,11 +164,12 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
         (Some(_), None) => Enc::Chunked,
     };
     write_head(wire, method, uri, headers, enc == Enc::Chunked);
+    let declared = b.is_some() && headers.contains_key(header::TRAILER);
     let first = b.as_mut().and_then(ReqBody::take_first);
     let mut up = Upload {
         body: b,
         enc,
-        declared: headers.contains_key(header::TRAILER),
+        declared,
         trailers: None,
         finishing: false,
         done: false,

@@ -128,7 +128,7 @@ pub fn parse_with(
     let raw: Bytes = buf.split_to(len).freeze();
     // Room for what the proxy adds on the way downstream (`keep-alive`, `connection`), so
     // that the map is not rehashed into a larger table per response.
-    let mut headers = HeaderMap::with_capacity(fields.len() + 2);
+    let mut headers = crate::headers::map_with_capacity(fields.len() + 2);
     let mut lengths = 0usize;
     let mut length: Option<u64> = None;
     let mut codings = 0usize;

@@ -22,8 +22,9 @@ mod wire;
 
 pub use invariants::request_invariants;
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -31,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use crate::body::down::{DownBody, OwnBody};
+use crate::headers::Present;
 use crate::listener::{count_timeout, expired, may_close, next_deadline, Expired, Signals};
 use crate::proxy::ConnCtx;
 use request::Parsed;
@@ -140,10 +142,12 @@ where
         if let Some(framing) = body {
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
-        let accepts_trailers = crate::trailers::accepted(request.headers(), request.version());
+        let present = Present::of(request.headers());
+        let accepts_trailers = present.has(Present::TE)
+            && crate::trailers::accepted(request.headers(), request.version());
         // Boxed: held inline, the handler's state would be part of the connection task's
         // memory for as long as the connection lives, idle ones included.
-        let mut handling = Box::pin(crate::proxy::handle(request, ctx.clone()));
+        let mut handling = Box::pin(crate::proxy::handle_with(request, ctx.clone(), present));
         // As hyper did: a client that closes while its bodiless request is handled has left,
         // and the request is dropped (its upstream exchange with it). Bytes that come
         // meanwhile (a pipelined request) wait in the buffer.
@@ -151,9 +155,6 @@ where
         let resp = loop {
             tokio::select! {
                 r = &mut handling => break r,
-                () = &mut told, if !close_pending => {
-                    close_pending = true;
-                }
                 r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
                     Ok(0) | Err(_) => {
                         tracing::debug!("the client closed its connection while its request was handled");
@@ -164,6 +165,12 @@ where
             }
         };
         let Ok(resp) = resp;
+        if !close_pending {
+            // Told to close while the request was handled: this response says so. One look
+            // now rather than a branch of the `select!` above, whose every round would poll
+            // the signal again.
+            close_pending = poll_fn(|cx| Poll::Ready(told.as_mut().poll(cx).is_ready())).await;
+        }
         // A request body not read to its end leaves bytes that are not the next request:
         // the connection ends with this response.
         let answering = Answering {

@@ -8,7 +8,7 @@ use std::mem::MaybeUninit;
 
 use bytes::BytesMut;
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, Uri, Version};
+use http::{Method, Request, Uri, Version};
 
 use crate::body::down::{DownBody, OwnBody};
 use crate::h1::body::{Decoder, Piece};
@@ -146,7 +146,7 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
     // Room for the fields upkeep adds on the way upstream (`x-request-id`, `x-forwarded-*`
     // or `forwarded`, `host`): a map that fills up is rehashed into a new table, which cost
     // more than the parse itself.
-    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_UPSTREAM);
+    let mut headers = crate::headers::map_with_capacity(fields.len() + ADDED_UPSTREAM);
     let mut close = false;
     let mut keep = false;
     for (name, s, e) in fields.drain(..) {

@@ -227,6 +227,8 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
         }
         wbuf.put_slice(b"\r\n");
     }
+    // The fields are in the head now: the map's memory serves the next message.
+    crate::headers::recycle_map(parts.headers);
     let mut enc = match enc {
         Some(e) => e,
         None => match known {
