@@ -27,6 +27,43 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == header::UPGRADE
 }
 
+/// Fields upkeep adds to a request on its way upstream (the forwarding headers) that the
+/// request did not carry, kept beside its map instead of inserted into it (a hash of the name
+/// and a probe each, and a map decoded from HTTP/2 grows for them). upkeep's own HTTP/1 codec
+/// writes them after the map's fields; every other path puts them in the map first, at its
+/// end, so both send the same fields in the same order.
+#[derive(Clone, Debug, Default)]
+pub struct Added {
+    fields: [Option<(HeaderName, HeaderValue)>; 3],
+}
+
+impl Added {
+    fn push(&mut self, name: HeaderName, value: HeaderValue) {
+        if let Some(slot) = self.fields.iter_mut().find(|f| f.is_none()) {
+            *slot = Some((name, value));
+        }
+    }
+
+    /// The fields, in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.fields.iter().flatten().map(|(n, v)| (n, v))
+    }
+
+    /// Moves the fields into `headers`.
+    pub fn move_into(&mut self, headers: &mut HeaderMap) {
+        for (n, v) in self.fields.iter_mut().filter_map(Option::take) {
+            headers.insert(n, v);
+        }
+    }
+
+    /// Copies the fields into `headers`.
+    pub fn copy_into(&self, headers: &mut HeaderMap) {
+        for (n, v) in self.iter() {
+            headers.insert(n.clone(), v.clone());
+        }
+    }
+}
+
 /// Header maps kept aside per serving thread for the next message (at most
 /// [`SPARE_MAPS_MAX`], each with room for at most [`SPARE_MAP_LARGEST`] fields): every proxied
 /// request builds two (its own and its response's), and a new one is two allocations and an
@@ -201,7 +238,8 @@ pub fn client_ip_value(client: SocketAddr) -> HeaderValue {
 /// client (a proxy in `trusted_proxies`) the chain is appended to; from anyone else every
 /// incoming forwarding header is dropped first, so a client cannot forge its origin.
 /// `carries_forwarding`: the request came with such a header (`Present::FORWARDING`);
-/// `host_field`: its `Host` field, if any.
+/// `host_field`: its `Host` field, if any. A field the request does not carry goes to `added`
+/// (see [`Added`]); one that replaces a field a trusted proxy sent goes into the map.
 #[allow(clippy::too_many_arguments)]
 pub fn add_forwarded(
     headers: &mut HeaderMap,
@@ -213,7 +251,17 @@ pub fn add_forwarded(
     proto: &str,
     host: Option<&str>,
     host_field: Option<&HeaderValue>,
+    added: &mut Added,
 ) {
+    // Into `added` when the map is known not to hold `name` (every forwarding field of an
+    // untrusted client is gone by then), else into the map.
+    let mut put = |headers: &mut HeaderMap, name: HeaderName, value: HeaderValue, absent: bool| {
+        if absent {
+            added.push(name, value);
+        } else {
+            headers.insert(name, value);
+        }
+    };
     if !trusted {
         // Most requests carry none of these (`Present::FORWARDING`): the removals are paid
         // only when one is there.
@@ -228,11 +276,13 @@ pub fn add_forwarded(
         Forwarded::None => {}
         Forwarded::XForwarded => {
             // From an untrusted client there is no previous value any more: nothing to look up.
-            let prev = if trusted {
-                headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok())
+            let prev_field = if trusted {
+                headers.get(&X_FORWARDED_FOR)
             } else {
                 None
             };
+            let had_xff = prev_field.is_some();
+            let prev = prev_field.and_then(|v| v.to_str().ok());
             let xff = match prev {
                 Some(prev) if !prev.is_empty() => {
                     let ip = client_ip.to_str().unwrap_or_default();
@@ -241,20 +291,22 @@ pub fn add_forwarded(
                 _ => Some(client_ip.clone()),
             };
             if let Some(v) = xff {
-                headers.insert(X_FORWARDED_FOR, v);
+                put(headers, X_FORWARDED_FOR, v, !had_xff);
             }
             // A trusted proxy's `-Proto` and `-Host` describe the original request: kept.
             if trusted && headers.contains_key(&X_FORWARDED_PROTO) {
                 if !headers.contains_key(&X_FORWARDED_HOST) {
                     if let Some(h) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-                        headers.insert(X_FORWARDED_HOST, h);
+                        put(headers, X_FORWARDED_HOST, h, true);
                     }
                 }
                 return;
             }
-            headers.insert(
+            put(
+                headers,
                 X_FORWARDED_PROTO,
                 HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
+                true,
             );
             // The request's own Host value when that is the host (a shared copy, no parsing).
             let same_host = host_field
@@ -262,7 +314,9 @@ pub fn add_forwarded(
                 .cloned();
             if let Some(h) = same_host.or_else(|| host.and_then(|h| HeaderValue::from_str(h).ok()))
             {
-                headers.insert(X_FORWARDED_HOST, h);
+                // A trusted proxy may have sent `-Host` without `-Proto`: replaced.
+                let absent = !trusted || !headers.contains_key(&X_FORWARDED_HOST);
+                put(headers, X_FORWARDED_HOST, h, absent);
             }
         }
         Forwarded::Forwarded => {
@@ -274,12 +328,18 @@ pub fn add_forwarded(
             if let Some(h) = host {
                 elem.push_str(&format!(";host=\"{}\"", h.replace('"', "")));
             }
-            let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+            let prev = if trusted {
+                headers.get(header::FORWARDED)
+            } else {
+                None
+            };
+            let had = prev.is_some();
+            let value = match prev.and_then(|v| v.to_str().ok()) {
                 Some(prev) if !prev.is_empty() => format!("{prev}, {elem}"),
                 _ => elem,
             };
             if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(header::FORWARDED, v);
+                put(headers, header::FORWARDED, v, !had);
             }
         }
     }
@@ -413,6 +473,7 @@ mod tests {
     ) {
         let present = Present::of(h);
         let host_field = h.get(header::HOST).cloned();
+        let mut added = Added::default();
         add_forwarded(
             h,
             mode,
@@ -423,7 +484,13 @@ mod tests {
             proto,
             Some("a.test"),
             host_field.as_ref(),
+            &mut added,
         );
+        let kept: Vec<_> = h.keys().cloned().collect();
+        for (n, _) in added.iter() {
+            assert!(!kept.contains(n), "{n} is both in the map and added");
+        }
+        added.move_into(h);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
 use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
 use crate::headers::{
-    add_forwarded, strip_hop_by_hop, strip_hop_by_hop_keeping, Present, KEEP_ALIVE,
+    add_forwarded, strip_hop_by_hop, strip_hop_by_hop_keeping, Added, Present, KEEP_ALIVE,
 };
 use crate::listener::{ConnActivity, InFlight};
 use crate::metrics::{class, ReasonLabel};
@@ -364,6 +364,8 @@ struct Outgoing {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    /// Fields upkeep adds, sent after `headers` (`crate::headers::Added`).
+    added: Added,
     /// `None` once a streamed body has gone to an attempt that kept it.
     body: Option<ReqBody>,
     bodyless: bool,
@@ -385,6 +387,7 @@ impl Outgoing {
         *req.uri_mut() = self.uri.clone();
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.headers.clone();
+        self.added.copy_into(req.headers_mut());
         Some(req)
     }
 
@@ -552,6 +555,7 @@ async fn forward(
     if present.has(Present::COOKIES) {
         message::join_cookie_crumbs(&mut headers);
     }
+    let mut added = Added::default();
     let trusted = ctx
         .listener
         .trusted_proxies
@@ -567,7 +571,13 @@ async fn forward(
         if ctx.tls { "https" } else { "http" },
         host_value,
         host_field.as_ref(),
+        &mut added,
     );
+    if upgrade.is_some() || !route_rules.request_headers.is_empty() {
+        // The upgrade path sends the map as it is, and a route's rules may change or remove
+        // what upkeep added.
+        added.move_into(&mut headers);
+    }
     // After upkeep's own headers, so a route can override them (nginx `proxy_set_header`).
     rules::apply_headers(&route_rules.request_headers, &mut headers, &vars);
     if let Some(want) = upgrade {
@@ -625,6 +635,7 @@ async fn forward(
         method: parts.method.clone(),
         uri,
         headers,
+        added,
         body,
         bodyless,
         trailers: trailers.accepts,
@@ -1195,6 +1206,7 @@ async fn send_own(
             &out.method,
             &out.uri,
             &out.headers,
+            &out.added,
             &mut body,
             &mut sent_any,
         ),

@@ -146,6 +146,7 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
+    added: &crate::headers::Added,
     body: &mut Option<ReqBody>,
     written: &mut bool,
 ) -> Result<Sent, SendError> {
@@ -163,7 +164,7 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
         ),
         (Some(_), None) => Enc::Chunked,
     };
-    write_head(wire, method, uri, headers, enc == Enc::Chunked);
+    write_head(wire, method, uri, headers, added, enc == Enc::Chunked);
     let declared = b.is_some() && headers.contains_key(header::TRAILER);
     let first = b.as_mut().and_then(ReqBody::take_first);
     let mut up = Upload {
@@ -252,16 +253,17 @@ fn write_head<T>(
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
+    added: &crate::headers::Added,
     chunked: bool,
 ) {
     let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
     let w = &mut wire.wbuf;
-    w.reserve(64 + target.len() + headers.len() * 32);
+    w.reserve(64 + target.len() + (headers.len() + 3) * 32);
     w.put_slice(method.as_str().as_bytes());
     w.put_u8(b' ');
     w.put_slice(target.as_bytes());
     w.put_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
+    for (name, value) in headers.iter().chain(added.iter()) {
         w.put_slice(name.as_str().as_bytes());
         w.put_slice(b": ");
         w.put_slice(value.as_bytes());

@@ -467,3 +467,68 @@ endpoints = ["127.0.0.1:9000"]
         assert!(printed.contains(key), "{key} missing:\n{printed}");
     }
 }
+
+/// upkeep's forwarding headers are written after the request's own fields, not inserted into
+/// its map (`headers::Added`): each must still reach the backend exactly once, replace what an
+/// untrusted client forged, and yield to a route's rules.
+#[tokio::test]
+async fn forwarding_headers_reach_the_backend_once_and_route_rules_override_them() {
+    let b = RawBackend::start(OK).await;
+    let routes = r#"
+[[route]]
+path = "/ruled/"
+group = "app"
+request_headers = { set = { "x-forwarded-for" = "route" }, remove = ["x-forwarded-host"] }
+
+[[route]]
+group = "app"
+"#;
+    let up = upkeep(&config(b.addr(), routes)).await;
+    let forged =
+        "X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: evil.test\r\n";
+    for path in ["/plain", "/ruled/x"] {
+        let req =
+            format!("GET {path} HTTP/1.1\r\nHost: fw.test\r\n{forged}Connection: close\r\n\r\n");
+        let resp = exchange(up.listeners[0], req.as_bytes(), Duration::from_secs(3)).await;
+        assert!(resp.starts_with("HTTP/1.1 200"), "{path}: {resp}");
+    }
+    let seen = b.seen();
+    assert_eq!(seen.len(), 2);
+    let plain = &seen[0];
+    assert_eq!(
+        plain.values("x-forwarded-for"),
+        vec!["127.0.0.1"],
+        "{}",
+        plain.head
+    );
+    assert_eq!(
+        plain.values("x-forwarded-proto"),
+        vec!["http"],
+        "{}",
+        plain.head
+    );
+    assert_eq!(
+        plain.values("x-forwarded-host"),
+        vec!["fw.test"],
+        "{}",
+        plain.head
+    );
+    let ruled = &seen[1];
+    assert_eq!(
+        ruled.values("x-forwarded-for"),
+        vec!["route"],
+        "{}",
+        ruled.head
+    );
+    assert_eq!(
+        ruled.values("x-forwarded-proto"),
+        vec!["http"],
+        "{}",
+        ruled.head
+    );
+    assert!(
+        ruled.values("x-forwarded-host").is_empty(),
+        "{}",
+        ruled.head
+    );
+}
