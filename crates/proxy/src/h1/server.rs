@@ -145,54 +145,67 @@ where
         let present = Present::of(request.headers());
         let accepts_trailers = present.has(Present::TE)
             && crate::trailers::accepted(request.headers(), request.version());
-        // Boxed: held inline, the handler's state would be part of the connection task's
-        // memory for as long as the connection lives, idle ones included.
-        let mut handling = Box::pin(crate::proxy::handle_with(request, ctx.clone(), present));
         // As hyper did: a client that closes while its bodiless request is handled has left,
         // and the request is dropped (its upstream exchange with it). Bytes that come
         // meanwhile (a pipelined request) wait in the buffer.
         let mut watch_eof = body.is_none() && wire.lock().rbuf.is_empty();
-        let resp = loop {
-            tokio::select! {
-                r = &mut handling => break r,
-                r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
-                    Ok(0) | Err(_) => {
-                        tracing::debug!("the client closed its connection while its request was handled");
-                        return Outcome::Closed;
+        // The handler and the response writer run in one box, allocated per request: held
+        // inline, their state would be part of the connection task's memory for as long as
+        // the connection lives, idle ones included. The handler is gone before the writer
+        // starts, so the two share the box's space. `None`: the client left.
+        let written = Box::pin(async {
+            let resp = {
+                let mut handling =
+                    std::pin::pin!(crate::proxy::handle_with(request, ctx.clone(), present));
+                loop {
+                    tokio::select! {
+                        r = &mut handling => break r,
+                        r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
+                            Ok(0) | Err(_) => {
+                                tracing::debug!("the client closed its connection while its request was handled");
+                                return None;
+                            }
+                            Ok(_) => watch_eof = false,
+                        },
                     }
-                    Ok(_) => watch_eof = false,
-                },
+                }
+            };
+            let Ok(resp) = resp;
+            if !close_pending {
+                // Told to close while the request was handled: this response says so. One
+                // look now rather than a branch of the `select!` above, whose every round
+                // would poll the signal again.
+                close_pending =
+                    poll_fn(|cx| Poll::Ready(told.as_mut().poll(cx).is_ready())).await;
             }
-        };
-        let Ok(resp) = resp;
-        if !close_pending {
-            // Told to close while the request was handled: this response says so. One look
-            // now rather than a branch of the `select!` above, whose every round would poll
-            // the signal again.
-            close_pending = poll_fn(|cx| Poll::Ready(told.as_mut().poll(cx).is_ready())).await;
-        }
-        // A request body not read to its end leaves bytes that are not the next request:
-        // the connection ends with this response.
-        let answering = Answering {
-            keep_alive: keep_alive && !close_pending && wire.body_done(),
-            http10,
-            head_method,
-            accepts_trailers,
-        };
-        if wbuf.capacity() == 0 {
-            wbuf = take_spare();
-        }
-        // Boxed for the same reason as the handler.
-        let written = Box::pin(response::write(
-            &wire,
-            &mut wbuf,
-            &mut pending,
-            resp,
-            &answering,
-            cfg.send_timeout,
-            activity,
-        ))
+            // A request body not read to its end leaves bytes that are not the next request:
+            // the connection ends with this response.
+            let answering = Answering {
+                keep_alive: keep_alive && !close_pending && wire.body_done(),
+                http10,
+                head_method,
+                accepts_trailers,
+            };
+            if wbuf.capacity() == 0 {
+                wbuf = take_spare();
+            }
+            Some(
+                response::write(
+                    &wire,
+                    &mut wbuf,
+                    &mut pending,
+                    resp,
+                    &answering,
+                    cfg.send_timeout,
+                    activity,
+                )
+                .await,
+            )
+        })
         .await;
+        let Some(written) = written else {
+            return Outcome::Closed;
+        };
         activity.touch();
         match written {
             Ok(true) if wire.body_done() => wire.lock().body = None,
