@@ -462,7 +462,8 @@ impl Group {
         let mut any_healthy = false;
         for tier in &set.tiers {
             let healthy = tier.iter().filter(|p| p.is_healthy(now));
-            let mut candidates: Vec<&Arc<Peer>> = Vec::with_capacity(tier.len());
+            // On the stack for up to 16 peers: no allocation per request.
+            let mut candidates: smallvec::SmallVec<[&Arc<Peer>; 16]> = smallvec::SmallVec::new();
             for p in healthy {
                 any_healthy = true;
                 if !tried.contains(&p.addr()) {
