@@ -64,21 +64,23 @@ impl Added {
     }
 }
 
-/// Header maps kept aside per serving thread for the next message (at most
-/// [`SPARE_MAPS_MAX`], each with room for at most [`SPARE_MAP_LARGEST`] fields): every proxied
-/// request builds two (its own and its response's), and a new one is two allocations and an
-/// index table to fill, freed again one exchange later.
-const SPARE_MAPS_MAX: usize = 32;
-const SPARE_MAP_LARGEST: usize = 64;
+/// Header maps kept aside per serving thread for the next message (`crate::spare`): every
+/// proxied request builds two (its own and its response's), and a new one is two allocations
+/// and an index table to fill, freed again one exchange later. At most 32, each with room for
+/// at most 64 fields.
+const SPARE_MAPS: crate::spare::Bound = crate::spare::Bound {
+    count: 32,
+    largest: 64,
+};
 
 thread_local! {
-    static SPARE_MAPS: std::cell::RefCell<Vec<HeaderMap>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPARE_MAP_LIST: std::cell::RefCell<Vec<HeaderMap>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// An empty header map with room for `fields` fields: one kept aside by [`recycle_map`] on
 /// this thread, or a new one.
 pub fn map_with_capacity(fields: usize) -> HeaderMap {
-    match SPARE_MAPS.try_with(|s| s.borrow_mut().pop()).ok().flatten() {
+    match crate::spare::take(&SPARE_MAP_LIST) {
         Some(mut m) => {
             if m.capacity() < fields {
                 m.reserve(fields);
@@ -92,16 +94,12 @@ pub fn map_with_capacity(fields: usize) -> HeaderMap {
 /// Keeps `map`'s memory aside for [`map_with_capacity`] on this thread (its fields are
 /// dropped); a large map, or one more than the thread keeps, is freed.
 pub fn recycle_map(mut map: HeaderMap) {
-    if map.capacity() == 0 || map.capacity() > SPARE_MAP_LARGEST {
+    let capacity = map.capacity();
+    if capacity == 0 || capacity > SPARE_MAPS.largest {
         return;
     }
     map.clear();
-    let _ = SPARE_MAPS.try_with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < SPARE_MAPS_MAX {
-            s.push(map);
-        }
-    });
+    crate::spare::keep(&SPARE_MAP_LIST, map, capacity, &SPARE_MAPS);
 }
 
 /// Which of the fields the request path reads a message carries, found in one pass over its
@@ -457,10 +455,10 @@ mod tests {
         let larger = map_with_capacity(cap + 40);
         assert!(larger.capacity() >= cap + 40);
         // Too large to keep: not handed out again.
-        let mut big = HeaderMap::with_capacity(SPARE_MAP_LARGEST + 1);
+        let mut big = HeaderMap::with_capacity(SPARE_MAPS.largest + 1);
         big.insert(header::HOST, "b.test".parse().unwrap());
         recycle_map(big);
-        assert!(map_with_capacity(1).capacity() <= SPARE_MAP_LARGEST);
+        assert!(map_with_capacity(1).capacity() <= SPARE_MAPS.largest);
     }
 
     /// `add_forwarded` as the request path calls it, for a request to `a.test`.

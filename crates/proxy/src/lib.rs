@@ -25,6 +25,7 @@ pub mod rescue;
 pub mod route;
 pub mod rules;
 pub mod server;
+mod spare;
 pub mod state;
 pub mod trailers;
 pub mod upgrade;

@@ -22,10 +22,11 @@ pub(crate) const READ_CHUNK: usize = 4 * 1024;
 /// Body bytes read at a time.
 const BODY_CHUNK: usize = 16 * 1024;
 
-/// Most buffers kept aside per thread (see [`give_back`]).
-const SPARE_MAX: usize = 64;
-/// Larger buffers are freed rather than kept aside.
-const SPARE_LARGEST: usize = 16 * 1024;
+/// Buffers kept aside per thread (see [`give_back`]): at most 64, of up to 16 KiB.
+const SPARE_BOUND: crate::spare::Bound = crate::spare::Bound {
+    count: 64,
+    largest: 16 * 1024,
+};
 
 thread_local! {
     static SPARE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -36,25 +37,14 @@ thread_local! {
 /// pay a free and an allocation per request for holding nothing while idle.
 pub(crate) fn give_back(buf: &mut BytesMut) {
     let mut b = std::mem::take(buf);
-    if b.capacity() == 0 || b.capacity() > SPARE_LARGEST {
-        return;
-    }
     b.clear();
-    let _ = SPARE.try_with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < SPARE_MAX {
-            s.push(b);
-        }
-    });
+    let capacity = b.capacity();
+    crate::spare::keep(&SPARE, b, capacity, &SPARE_BOUND);
 }
 
 /// A buffer kept aside by [`give_back`], or a new empty one.
 pub(crate) fn take_spare() -> BytesMut {
-    SPARE
-        .try_with(|s| s.borrow_mut().pop())
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    crate::spare::take(&SPARE).unwrap_or_default()
 }
 
 /// The stream, what was read from it and not consumed yet, and the request body in
