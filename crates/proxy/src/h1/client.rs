@@ -153,16 +153,15 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
     let head_request = *method == Method::HEAD;
     let mut b = body.take();
     // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`.
-    let length = || headers.get(header::CONTENT_LENGTH);
-    let enc = match (&b, b.as_ref().and_then(|_| length())) {
-        (None, _) => Enc::Length(0),
-        (Some(_), Some(v)) => Enc::Length(
+    let enc = match b.as_ref().map(|_| headers.get(header::CONTENT_LENGTH)) {
+        None => Enc::Length(0),
+        Some(Some(v)) => Enc::Length(
             std::str::from_utf8(v.as_bytes())
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .ok_or_else(|| SendError::Body("invalid Content-Length".into()))?,
         ),
-        (Some(_), None) => Enc::Chunked,
+        Some(None) => Enc::Chunked,
     };
     write_head(wire, method, uri, headers, added, enc == Enc::Chunked);
     let declared = b.is_some() && headers.contains_key(header::TRAILER);
