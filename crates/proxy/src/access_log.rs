@@ -5,7 +5,9 @@
 
 mod record;
 
-pub use record::Record;
+pub use record::{Field, Record, Text};
+
+use record::Lines;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,6 +152,7 @@ fn write_loop(
     use tokio::sync::mpsc::error::TryRecvError;
     let buffered = |w| std::io::BufWriter::with_capacity(64 * 1024, w);
     let mut out = out.map(buffered);
+    let mut lines = Lines::default();
     // Drained in batches on a timer rather than woken per record: a sender never has to
     // wake this thread, which keeps logging off the request path's critical costs. A
     // control request (flush, reopen) cuts the wait short. With no destination no record
@@ -167,7 +170,7 @@ fn write_loop(
             match rx.try_recv() {
                 Ok(r) => {
                     if let Some(out) = out.as_mut() {
-                        let _ = r.write_line(out);
+                        let _ = lines.write(&r, out);
                     }
                 }
                 Err(TryRecvError::Empty) => break,
@@ -210,20 +213,18 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     fn rec(path: &str) -> Record {
+        let mut text = Text::default();
+        text.set(Field::Method, "GET");
+        text.set(Field::Host, "h");
+        text.set(Field::Path, path);
+        text.set(Field::RequestId, "r");
         Record {
             time: SystemTime::now(),
             client: "127.0.0.1".parse().unwrap(),
-            method: "GET".into(),
-            host: "h".into(),
-            path: path.into(),
+            text,
             proto: "HTTP/1.1",
             status: 200,
             duration_ms: 1.0,
-            request_id: "r".into(),
-            user_agent: None,
-            referer: None,
-            route: None,
-            group: None,
             peer: None,
             attempts: 1,
             upstream_status: Some(200),

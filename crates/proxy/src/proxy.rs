@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::access_log::Record;
+use crate::access_log::{Field, Record, Text};
 use crate::body::{DownBody, OnDone, ReqBody, RespBody};
 use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
@@ -90,7 +90,10 @@ pub async fn handle_with(
         request_id::insert_new(req.headers_mut());
     }
     // What only the access log needs is made only while it is on.
-    let head = shared.access_log.is_on().then(|| LoggedHead::of(&req));
+    let head = shared
+        .access_log
+        .is_on()
+        .then(|| logged_text(&req, &method, path));
     let grpc = present.has(Present::CONTENT_TYPE) && crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
@@ -139,35 +142,32 @@ pub async fn handle_with(
         .metrics
         .response(origin, class(status), cause.unwrap_or(""));
     count_by_route_and_peer(&shared, &info, status, origin);
-    let record = head.map(|head| Record {
-        time: wall,
-        client: ctx.remote.ip(),
-        method: method.to_string(),
-        host: head.host,
-        path: path.to_owned(),
-        proto: proto_name(version),
-        status: status.as_u16(),
-        duration_ms: 0.0,
-        request_id: head.request_id,
-        user_agent: head.user_agent,
-        referer: head.referer,
-        route: info.route.as_ref().map(|r| r.route.to_string()),
-        group: info
-            .route
-            .as_ref()
-            .filter(|r| !r.group.is_empty())
-            .map(|r| r.group.to_string()),
-        peer: info.peer.as_ref().map(|p| p.addr()),
-        attempts: info.attempts,
-        upstream_status: (origin == "upstream").then_some(status.as_u16()),
-        upstream_header_ms: upstream_header_ms.filter(|_| origin == "upstream"),
-        bytes_in: 0,
-        bytes_out: 0,
-        origin,
-        cause,
-        reason,
-        incomplete: false,
-        format: state.config.access_log_format,
+    let record = head.map(|mut text| {
+        if let Some(r) = &info.route {
+            text.set(Field::Route, &r.route);
+            if !r.group.is_empty() {
+                text.set(Field::Group, &r.group);
+            }
+        }
+        Record {
+            time: wall,
+            client: ctx.remote.ip(),
+            text,
+            proto: proto_name(version),
+            status: status.as_u16(),
+            duration_ms: 0.0,
+            peer: info.peer.as_ref().map(|p| p.addr()),
+            attempts: info.attempts,
+            upstream_status: (origin == "upstream").then_some(status.as_u16()),
+            upstream_header_ms: upstream_header_ms.filter(|_| origin == "upstream"),
+            bytes_in: 0,
+            bytes_out: 0,
+            origin,
+            cause,
+            reason,
+            incomplete: false,
+            format: state.config.access_log_format,
+        }
     });
     let done = Done {
         shared,
@@ -234,29 +234,47 @@ fn millis(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-/// What the access log keeps from the request head before the request moves on.
-struct LoggedHead {
-    /// As received: routing uses the validated and normalised forms.
-    host: String,
-    request_id: String,
-    user_agent: Option<String>,
-    referer: Option<String>,
-}
-
-impl LoggedHead {
-    fn of<B>(req: &Request<B>) -> Self {
-        let text = |name| {
-            req.headers()
-                .get(name)
-                .map(|v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned())
+/// What the access log keeps from the request head before the request moves on, in one
+/// buffer with room for the route and group it adds at the end. The host is as received:
+/// routing uses the validated and normalised forms.
+fn logged_text<B>(req: &Request<B>, method: &Method, path: &str) -> Text {
+    let host = request_host(req).unwrap_or_default();
+    // One pass over the fields (a request has few) rather than a lookup by name for each;
+    // the first of repeated fields, as a lookup would give.
+    let (mut request_id, mut user_agent, mut referer) = (None, None, None);
+    for (name, value) in req.headers() {
+        let slot = if name == header::USER_AGENT {
+            &mut user_agent
+        } else if name == header::REFERER {
+            &mut referer
+        } else if name == request_id::X_REQUEST_ID {
+            &mut request_id
+        } else {
+            continue;
         };
-        Self {
-            host: request_host(req).unwrap_or_default().to_owned(),
-            request_id: text(request_id::X_REQUEST_ID).unwrap_or_default(),
-            user_agent: text(header::USER_AGENT),
-            referer: text(header::REFERER),
-        }
+        slot.get_or_insert(value.as_bytes());
     }
+    let len = |v: Option<&[u8]>| v.map_or(0, <[u8]>::len);
+    let mut text = Text::with_capacity(
+        method.as_str().len()
+            + host.len()
+            + path.len()
+            + len(request_id)
+            + len(user_agent)
+            + len(referer)
+            + 48,
+    );
+    text.set(Field::Method, method.as_str());
+    text.set(Field::Host, host);
+    text.set(Field::Path, path);
+    text.set_lossy(Field::RequestId, request_id.unwrap_or_default());
+    if let Some(v) = user_agent {
+        text.set_lossy(Field::UserAgent, v);
+    }
+    if let Some(v) = referer {
+        text.set_lossy(Field::Referer, v);
+    }
+    text
 }
 
 /// The request target as logged: path and query, as received.

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
-use crate::access_log::Record;
+use crate::access_log::{Field, Record, Text};
 use crate::error::Cause;
 use crate::metrics::class;
 use crate::state::Shared;
@@ -64,20 +64,15 @@ pub fn record(
     if shared.access_log.is_on() {
         // No head was read, so there is no id to keep: one is made, as for any request.
         let request_id = crate::request_id::ensure(&mut http::HeaderMap::new());
+        let mut text = Text::default();
+        text.set_lossy(Field::RequestId, request_id.as_bytes());
         shared.access_log.log(Record {
             time: SystemTime::now(),
             client: remote.ip(),
-            method: String::new(),
-            host: String::new(),
-            path: String::new(),
+            text,
             proto,
             status: status.as_u16(),
             duration_ms: 0.0,
-            request_id: String::from_utf8_lossy(request_id.as_bytes()).into_owned(),
-            user_agent: None,
-            referer: None,
-            route: None,
-            group: None,
             peer: None,
             attempts: 0,
             upstream_status: None,
