@@ -27,6 +27,12 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == header::UPGRADE
 }
 
+/// Whether `h` has any hop-by-hop field (RFC 9110 §7.6.1): one look at each name, no
+/// hashing, so that stripping them costs nothing when there are none (the common case).
+pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
+    h.keys().any(is_hop_by_hop)
+}
+
 /// Fields upkeep adds to a request on its way upstream (the forwarding headers) that the
 /// request did not carry, kept beside its map instead of inserted into it (a hash of the name
 /// and a probe each, and a map decoded from HTTP/2 grows for them). upkeep's own HTTP/1 codec

@@ -260,6 +260,9 @@ fn date() -> HeaderValue {
 
 /// Fields HTTP/2 does not carry (RFC 9113 §8.2.2); h2 refuses a response with them.
 fn strip_connection_headers(h: &mut HeaderMap) {
+    if !crate::headers::has_hop_by_hop(h) {
+        return;
+    }
     let named: Vec<header::HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -279,5 +282,49 @@ fn strip_connection_headers(h: &mut HeaderMap) {
         header::HeaderName::from_static("proxy-connection"),
     ] {
         h.remove(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(fields: &[(&'static str, &'static str)]) -> HeaderMap {
+        fields
+            .iter()
+            .map(|(n, v)| {
+                (
+                    header::HeaderName::from_static(n),
+                    HeaderValue::from_static(v),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn connection_fields_and_the_fields_they_name_are_stripped() {
+        let mut h = map(&[
+            ("content-type", "text/plain"),
+            ("connection", "x-hop, close"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("te", "trailers"),
+            ("x-kept", "2"),
+        ]);
+        strip_connection_headers(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "x-kept"]);
+    }
+
+    #[test]
+    fn a_response_without_connection_fields_is_left_as_it_is() {
+        let fields = [("content-type", "text/plain"), ("x-a", "1"), ("x-a", "2")];
+        let mut h = map(&fields);
+        strip_connection_headers(&mut h);
+        assert_eq!(h, map(&fields));
     }
 }
