@@ -149,7 +149,9 @@ pub fn normalize_path(path: &str, allow_encoded: bool) -> Result<Cow<'_, str>, I
 }
 
 fn has_dot_segment(path: &str) -> bool {
-    path.split('/').any(|s| s == "." || s == "..")
+    // Most paths have no dot at all: one fast scan says so before splitting.
+    memchr::memchr(b'.', path.as_bytes()).is_some()
+        && path.split('/').any(|s| s == "." || s == "..")
 }
 
 /// Decodes `%XX` of unreserved characters; upper-cases the hex of the others.

@@ -715,15 +715,22 @@ async fn send_with_retries(
     let try_timeout = timeouts.try_timeout.unwrap_or(cfg.try_timeout);
     let window_end = started + cfg.retry.connect_retry_window;
     let metrics = group.metrics();
-    if group.known_down() {
+    if group.known_down_at(started) {
         return Err(ProxyError::new(Kind::NoPeers(NoPeersReason::AllDown)));
     }
     let mut budget = group.start_request();
     let mut tried: Vec<SocketAddr> = Vec::new();
     let mut last: Option<ProxyError> = None;
     let mut retry_reason: Option<&'static str> = None;
+    let mut first = true;
     loop {
-        let peer = match group.pick(&tried) {
+        // The first pick is made now: no second clock read.
+        let now = if std::mem::take(&mut first) {
+            started
+        } else {
+            Instant::now()
+        };
+        let peer = match group.pick_at(&tried, now) {
             Ok(p) => p,
             Err(reason) => {
                 // Every peer refused a connection (or reset a fresh one before answering, as a
@@ -772,12 +779,7 @@ async fn send_with_retries(
         };
         info.attempts += 1;
         info.peer = Some(peer.clone());
-        // The first attempt goes out now: no second clock read.
-        let sent_at = if info.attempts == 1 {
-            started
-        } else {
-            Instant::now()
-        };
+        let sent_at = now;
         match attempt(group, &peer, out, deadline, try_timeout).await {
             Ok(resp) => {
                 group.record_success(&peer, sent_at);

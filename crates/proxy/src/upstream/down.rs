@@ -95,12 +95,17 @@ impl Group {
     /// Whether the group is known down: every peer has failed to connect for longer than
     /// `connect_retry_window` (never with the window off). Starts the probes when it is.
     pub fn known_down(self: &Arc<Self>) -> bool {
+        self.known_down_at(Instant::now())
+    }
+
+    /// [`known_down`](Self::known_down) with the clock already read (`now`).
+    pub fn known_down_at(self: &Arc<Self>, now: Instant) -> bool {
         let window = self.config().retry.connect_retry_window;
         if window.is_zero() {
             return false;
         }
         let set = self.peers();
-        let Some(down_for) = self.down.all_failing_for(&set, Instant::now()) else {
+        let Some(down_for) = self.down.all_failing_for(&set, now) else {
             return false;
         };
         if down_for <= window {

@@ -450,6 +450,11 @@ impl Group {
     /// Picks a peer not in `tried`: the first tier with a healthy untried peer; when no peer
     /// is healthy anywhere, panic mode over the first tier (all its peers), as Envoy does.
     pub fn pick(&self, tried: &[SocketAddr]) -> Result<Arc<Peer>, NoPeersReason> {
+        self.pick_at(tried, Instant::now())
+    }
+
+    /// [`pick`](Self::pick) with the clock already read (`now`), by a caller that has.
+    pub fn pick_at(&self, tried: &[SocketAddr], now: Instant) -> Result<Arc<Peer>, NoPeersReason> {
         let set = self.peers.load();
         if set.is_empty() {
             return Err(if set.never_resolved {
@@ -458,7 +463,6 @@ impl Group {
                 NoPeersReason::EmptyGroup
             });
         }
-        let now = Instant::now();
         let mut any_healthy = false;
         for tier in &set.tiers {
             let healthy = tier.iter().filter(|p| p.is_healthy(now));
