@@ -291,12 +291,17 @@ enum Inner {
         read_timeout: Duration,
         silence: Silence,
     },
-    Upstream {
-        body: Incoming,
-        checkin: Option<Checkin>,
-        read_timeout: Duration,
-        silence: Silence,
-    },
+    /// Read by hyper's client (HTTP/2 upstreams, a body gated on `100 Continue`). Boxed: the
+    /// common case is `Own`, and every move of a response (a dozen per request, up through
+    /// the handler's futures) copies the largest variant.
+    Upstream(Box<Upstream>),
+}
+
+struct Upstream {
+    body: Incoming,
+    checkin: Option<Checkin>,
+    read_timeout: Duration,
+    silence: Silence,
 }
 
 impl RespBody {
@@ -317,12 +322,12 @@ impl RespBody {
         checkin: Option<Checkin>,
         read_timeout: Duration,
     ) -> Self {
-        Self::new(Inner::Upstream {
+        Self::new(Inner::Upstream(Box::new(Upstream {
             body,
             checkin,
             read_timeout,
             silence: Silence::default(),
-        })
+        })))
     }
 
     /// An upstream body read by upkeep's own HTTP/1 codec; the connection goes back to the
@@ -350,7 +355,7 @@ impl RespBody {
     /// dropped (HTTP/2: reset with `CANCEL`) and the client gets gRPC `DEADLINE_EXCEEDED`
     /// trailers, since the response head has already gone.
     pub(crate) fn with_call_deadline(mut self, at: Instant) -> Self {
-        if matches!(self.inner, Inner::Upstream { .. }) {
+        if matches!(self.inner, Inner::Upstream(_)) {
             self.call_deadline = Some(Box::pin(tokio::time::sleep_until(at)));
         }
         self
@@ -368,16 +373,16 @@ impl Drop for RespBody {
         // also "nothing left to read".
         let ended = match &self.inner {
             Inner::Full(d) => d.is_none(),
-            Inner::Upstream { body, .. } => body.is_end_stream(),
+            Inner::Upstream(u) => u.body.is_end_stream(),
             Inner::Own { body, .. } => body.is_end_stream(),
         };
         if let Inner::Own { body, .. } = &mut self.inner {
             body.finish_on_drop();
         }
         self.complete |= ended;
-        if let Inner::Upstream { body, checkin, .. } = &mut self.inner {
-            if body.is_end_stream() {
-                if let Some(c) = checkin.take() {
+        if let Inner::Upstream(u) = &mut self.inner {
+            if u.body.is_end_stream() {
+                if let Some(c) = u.checkin.take() {
                     c.finish_later();
                 }
             }
@@ -419,12 +424,13 @@ impl Body for RespBody {
                 silence.progress();
                 ready!(polled)
             }
-            Inner::Upstream {
-                body,
-                checkin,
-                read_timeout,
-                silence,
-            } => {
+            Inner::Upstream(u) => {
+                let Upstream {
+                    body,
+                    checkin,
+                    read_timeout,
+                    silence,
+                } = &mut **u;
                 if let Some(t) = &mut this.call_deadline {
                     if t.as_mut().poll(cx).is_ready() {
                         this.call_deadline = None;
@@ -483,8 +489,8 @@ impl Body for RespBody {
             // Polled to the end even when empty, so the connection returns to the pool (an
             // HTTP/2 stream returns nothing: its end is told at once, so that a Trailers-Only
             // gRPC answer stays one HEADERS frame).
-            Inner::Upstream { body, checkin, .. } => {
-                checkin.as_ref().is_none_or(|c| !c.returns_to_pool()) && body.is_end_stream()
+            Inner::Upstream(u) => {
+                u.checkin.as_ref().is_none_or(|c| !c.returns_to_pool()) && u.body.is_end_stream()
             }
             Inner::Own { body, .. } => body.is_end_stream(),
         }
@@ -494,7 +500,7 @@ impl Body for RespBody {
         match &self.inner {
             Inner::Full(Some(d)) => SizeHint::with_exact(d.len() as u64),
             Inner::Full(None) => SizeHint::with_exact(0),
-            Inner::Upstream { body, .. } => body.size_hint(),
+            Inner::Upstream(u) => u.body.size_hint(),
             Inner::Own { body, .. } => match body.remaining() {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::new(),
