@@ -12,6 +12,7 @@
 pub mod body;
 pub mod client;
 pub mod head;
+pub(crate) mod names;
 pub(crate) mod server;
 
 use std::sync::Arc;

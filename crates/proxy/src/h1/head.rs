@@ -102,7 +102,7 @@ pub fn parse_with(
         let code = resp.code.unwrap_or(0);
         if len <= MAX_HEAD && !(100..200).contains(&code) {
             for h in resp.headers.iter() {
-                let name = HeaderName::from_bytes(h.name.as_bytes()).ok();
+                let name = super::names::header_name(h.name.as_bytes()).ok();
                 let start = h.value.as_ptr() as usize - base;
                 fields.push((name, start, start + h.value.len()));
             }

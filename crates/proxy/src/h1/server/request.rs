@@ -85,7 +85,7 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
         let mut length = 0u64;
         let mut chunked = false;
         for h in req.headers.iter() {
-            let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+            let Ok(name) = crate::h1::names::header_name(h.name.as_bytes()) else {
                 return Parsed::HandOver;
             };
             if name == http::header::CONTENT_LENGTH {
