@@ -39,7 +39,8 @@ pub struct ServeArgs {
     /// listener (SO_REUSEPORT). Default: one per CPU.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
-    /// Diagnostics level on stderr: error, warn, info, debug, trace.
+    /// Diagnostics level on stderr: error, warn, info, debug, trace (release builds have no
+    /// trace-level diagnostics: trace shows debug, with a warning).
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Diagnostics format on stderr.
@@ -71,6 +72,7 @@ pub struct ReloadArgs {
 }
 
 fn init_tracing(level: &str, format: &str) {
+    let (level, trace_compiled_out) = without_trace(level);
     let filter = tracing_subscriber::EnvFilter::try_new(format!(
         "{level},hyper=warn,h2=warn,hickory_proto=warn,hickory_resolver=warn"
     ))
@@ -85,6 +87,42 @@ fn init_tracing(level: &str, format: &str) {
     } else {
         b.try_init()
     };
+    if trace_compiled_out {
+        tracing::warn!("--log-level trace: this build has no trace-level diagnostics (they are compiled out of release builds); showing debug");
+    }
+}
+
+/// `level` with `trace` read as `debug` when this build has no trace level (release builds:
+/// the workspace's `tracing` is built with `release_max_level_debug`), and whether it was.
+fn without_trace(level: &str) -> (String, bool) {
+    let compiled_out =
+        tracing::level_filters::STATIC_MAX_LEVEL < tracing::level_filters::LevelFilter::TRACE;
+    let read = trace_as_debug(level);
+    let changed = compiled_out && read != level;
+    (if changed { read } else { level.to_owned() }, changed)
+}
+
+/// Every `trace` level in a filter (`trace`, `info,upkeep_proxy=TRACE`) made `debug`; a name
+/// that only contains the word (`my_tracer`) is left alone.
+fn trace_as_debug(level: &str) -> String {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let mut out = String::with_capacity(level.len());
+    let mut token = String::new();
+    for c in level.chars().chain(std::iter::once(',')) {
+        if word(c) {
+            token.push(c);
+            continue;
+        }
+        out.push_str(if token.eq_ignore_ascii_case("trace") {
+            "debug"
+        } else {
+            &token
+        });
+        token.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
 }
 
 /// Builds the quick-start config: one listener, one required group of `--to` peers, every
@@ -276,4 +314,23 @@ fn post(args: &ReloadArgs, path: &str, wait: Duration) -> anyhow::Result<ExitCod
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_level_reads_as_debug_and_nothing_else_changes() {
+        for (given, read) in [
+            ("trace", "debug"),
+            ("TRACE", "debug"),
+            ("info,upkeep_proxy=trace", "info,upkeep_proxy=debug"),
+            ("warn,my_tracer=info", "warn,my_tracer=info"),
+            ("info", "info"),
+            ("debug,hyper=Trace", "debug,hyper=debug"),
+        ] {
+            assert_eq!(trace_as_debug(given), read, "{given}");
+        }
+    }
 }
