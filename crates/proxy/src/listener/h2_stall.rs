@@ -10,31 +10,25 @@
 //! read size) has not been taken within `send_timeout`, so a client that grants a window
 //! slower than one chunk per `send_timeout` is treated as stalled.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 
 use crate::state::Shared;
 
 thread_local! {
-    /// The stream whose task is being polled on this thread, for its body to stamp.
-    static CURRENT: RefCell<Option<Arc<Stamp>>> = const { RefCell::new(None) };
-}
-
-/// When a stream's body last handed over data not taken since (ms after the epoch + 1; 0
-/// while nothing waits).
-#[derive(Debug)]
-struct Stamp {
-    epoch: Instant,
-    waiting_since: AtomicU64,
+    /// The stamp of the stream whose task is being polled on this thread, for its body to
+    /// set: when the body last handed over data not taken since (the connection clock's
+    /// milliseconds + 1, `super::coarse_ms`; 0 while nothing waits). Moved in before each
+    /// poll of the task and back out after it: no allocation or shared count per stream.
+    static CURRENT: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 /// Spawns the tasks of one HTTP/2 connection's streams with the stall timer.
@@ -64,10 +58,7 @@ where
             // calls; behind a box each move is a pointer, not the stream's state of some KB
             // (measured: without the box, memcpy doubled to 12.6k instructions a request).
             inner: Box::pin(fut),
-            stamp: Arc::new(Stamp {
-                epoch: Instant::now(),
-                waiting_since: AtomicU64::new(0),
-            }),
+            waiting_since: 0,
             limit: self.send_timeout,
             timer: None,
             shared: self.shared.clone(),
@@ -78,7 +69,8 @@ where
 /// One stream's task under the stall timer.
 struct Watched<F> {
     inner: Pin<Box<F>>,
-    stamp: Arc<Stamp>,
+    /// The stream's stamp (see `CURRENT`).
+    waiting_since: u64,
     limit: Duration,
     timer: Option<(u64, Pin<Box<Sleep>>)>,
     shared: Arc<Shared>,
@@ -89,18 +81,21 @@ impl<F: Future<Output = ()>> Future for Watched<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        let previous = CURRENT.with(|c| c.replace(Some(this.stamp.clone())));
+        let previous = CURRENT.replace(Some(this.waiting_since));
         let r = this.inner.as_mut().poll(cx);
-        CURRENT.with(|c| *c.borrow_mut() = previous);
+        this.waiting_since = CURRENT.replace(previous).unwrap_or(0);
         if r.is_ready() {
             return Poll::Ready(());
         }
-        let since = this.stamp.waiting_since.load(Ordering::Relaxed);
+        let since = this.waiting_since;
         if since == 0 {
             this.timer = None;
             return Poll::Pending;
         }
-        let due = this.stamp.epoch + Duration::from_millis(since - 1) + this.limit;
+        let limit_ms = u64::try_from(this.limit.as_millis()).unwrap_or(u64::MAX);
+        let left_ms = (since - 1)
+            .saturating_add(limit_ms)
+            .saturating_sub(super::coarse_ms());
         match &mut this.timer {
             Some((at, t)) if *at == since => {
                 if t.as_mut().poll(cx).is_pending() {
@@ -108,7 +103,7 @@ impl<F: Future<Output = ()>> Future for Watched<F> {
                 }
             }
             _ => {
-                let mut t = Box::pin(tokio::time::sleep_until(due));
+                let mut t = Box::pin(tokio::time::sleep(Duration::from_millis(left_ms)));
                 let fired = t.as_mut().poll(cx).is_ready();
                 this.timer = Some((since, t));
                 if !fired {
@@ -157,17 +152,14 @@ impl<B: Body<Data = Bytes>> Body for StallWatch<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let r = self.project().inner.poll_frame(cx);
-        CURRENT.with(|c| {
-            if let Some(stamp) = c.borrow().as_ref() {
-                let handed_data = matches!(&r, Poll::Ready(Some(Ok(f))) if f.is_data());
-                let v = if handed_data {
-                    stamp.epoch.elapsed().as_millis() as u64 + 1
-                } else {
-                    0
-                };
-                stamp.waiting_since.store(v, Ordering::Relaxed);
-            }
-        });
+        if CURRENT.get().is_some() {
+            let handed_data = matches!(&r, Poll::Ready(Some(Ok(f))) if f.is_data());
+            CURRENT.set(Some(if handed_data {
+                super::coarse_ms() + 1
+            } else {
+                0
+            }));
+        }
         r
     }
 
