@@ -152,64 +152,85 @@ fn json(line: &mut Vec<u8>, clock: &mut Clock, r: &Record) {
     three_digits(line, ms);
     line.extend_from_slice(b"Z\",\"client\":\"");
     ip(line, r.client);
-    line.extend_from_slice(b"\",\"method\":");
-    json_str(line, r.text.or_empty(Field::Method));
-    line.extend_from_slice(b",\"host\":");
-    json_str(line, r.text.or_empty(Field::Host));
-    line.extend_from_slice(b",\"path\":");
-    json_str(line, r.text.or_empty(Field::Path));
-    line.extend_from_slice(b",\"proto\":");
-    json_str(line, r.proto);
-    line.extend_from_slice(b",\"status\":");
-    json_int(line, r.status);
-    line.extend_from_slice(b",\"duration_ms\":");
-    json_float(line, r.duration_ms);
-    line.extend_from_slice(b",\"request_id\":");
-    json_str(line, r.text.or_empty(Field::RequestId));
-    line.extend_from_slice(b",\"user_agent\":");
-    json_opt_str(line, r.text.get(Field::UserAgent));
-    line.extend_from_slice(b",\"referer\":");
-    json_opt_str(line, r.text.get(Field::Referer));
-    line.extend_from_slice(b",\"route\":");
-    json_opt_str(line, r.text.get(Field::Route));
-    line.extend_from_slice(b",\"group\":");
-    json_opt_str(line, r.text.get(Field::Group));
-    line.extend_from_slice(b",\"peer\":");
-    match r.peer {
-        Some(p) => {
-            line.push(b'"');
-            socket_addr(line, p);
-            line.push(b'"');
-        }
-        None => line.extend_from_slice(b"null"),
-    }
-    line.extend_from_slice(b",\"attempts\":");
-    json_int(line, r.attempts);
-    line.extend_from_slice(b",\"upstream_status\":");
-    match r.upstream_status {
-        Some(s) => json_int(line, s),
-        None => line.extend_from_slice(b"null"),
-    }
-    line.extend_from_slice(b",\"upstream_header_ms\":");
-    match r.upstream_header_ms {
-        Some(ms) => json_float(line, ms),
-        None => line.extend_from_slice(b"null"),
-    }
-    line.extend_from_slice(b",\"bytes_in\":");
-    json_int(line, r.bytes_in);
-    line.extend_from_slice(b",\"bytes_out\":");
-    json_int(line, r.bytes_out);
-    line.extend_from_slice(b",\"origin\":");
-    json_str(line, r.origin);
-    line.extend_from_slice(b",\"cause\":");
-    json_opt_str(line, r.cause);
-    line.extend_from_slice(b",\"reason\":");
-    json_opt_str(line, r.reason);
+    line.push(b'"');
+    let t = &r.text;
+    field(line, b",\"method\":", t.or_empty(Field::Method));
+    field(line, b",\"host\":", t.or_empty(Field::Host));
+    field(line, b",\"path\":", t.or_empty(Field::Path));
+    field(line, b",\"proto\":", r.proto);
+    field(line, b",\"status\":", u64::from(r.status));
+    field(line, b",\"duration_ms\":", r.duration_ms);
+    field(line, b",\"request_id\":", t.or_empty(Field::RequestId));
+    field(line, b",\"user_agent\":", t.get(Field::UserAgent));
+    field(line, b",\"referer\":", t.get(Field::Referer));
+    field(line, b",\"route\":", t.get(Field::Route));
+    field(line, b",\"group\":", t.get(Field::Group));
+    field(line, b",\"peer\":", r.peer);
+    field(line, b",\"attempts\":", u64::from(r.attempts));
+    field(
+        line,
+        b",\"upstream_status\":",
+        r.upstream_status.map(u64::from),
+    );
+    field(line, b",\"upstream_header_ms\":", r.upstream_header_ms);
+    field(line, b",\"bytes_in\":", r.bytes_in);
+    field(line, b",\"bytes_out\":", r.bytes_out);
+    field(line, b",\"origin\":", r.origin);
+    field(line, b",\"cause\":", r.cause);
+    field(line, b",\"reason\":", r.reason);
     line.extend_from_slice(if r.incomplete {
         b",\"incomplete\":true}\n"
     } else {
         b",\"incomplete\":false}\n"
     });
+}
+
+/// `key` (its comma, name and colon, as written) followed by `value`.
+fn field(line: &mut Vec<u8>, key: &[u8], value: impl JsonValue) {
+    line.extend_from_slice(key);
+    value.write(line);
+}
+
+/// A value of a JSON line, written as `serde_json` writes it.
+trait JsonValue {
+    fn write(self, line: &mut Vec<u8>);
+}
+
+impl JsonValue for &str {
+    fn write(self, line: &mut Vec<u8>) {
+        json_str(line, self);
+    }
+}
+
+impl JsonValue for u64 {
+    fn write(self, line: &mut Vec<u8>) {
+        json_int(line, self);
+    }
+}
+
+impl JsonValue for f64 {
+    fn write(self, line: &mut Vec<u8>) {
+        json_float(line, self);
+    }
+}
+
+/// A peer, as a string.
+impl JsonValue for SocketAddr {
+    fn write(self, line: &mut Vec<u8>) {
+        line.push(b'"');
+        socket_addr(line, self);
+        line.push(b'"');
+    }
+}
+
+/// Absent: `null`.
+impl<T: JsonValue> JsonValue for Option<T> {
+    fn write(self, line: &mut Vec<u8>) {
+        match self {
+            Some(v) => v.write(line),
+            None => line.extend_from_slice(b"null"),
+        }
+    }
 }
 
 /// An address as `Display` writes it; IPv4 without the formatting machinery.
@@ -277,13 +298,6 @@ fn json_str(line: &mut Vec<u8>, s: &str) {
         line.push(b'"');
     } else {
         let _ = serde_json::to_writer(&mut *line, s);
-    }
-}
-
-fn json_opt_str(line: &mut Vec<u8>, s: Option<&str>) {
-    match s {
-        Some(s) => json_str(line, s),
-        None => line.extend_from_slice(b"null"),
     }
 }
 
