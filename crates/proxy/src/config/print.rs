@@ -27,7 +27,7 @@ pub fn to_toml(cfg: &Config) -> Result<String, PrintError> {
 pub(super) fn duration(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
-    } else if d.subsec_nanos() % 1_000_000 == 0 {
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
         format!("{}ms", d.as_millis())
     } else {
         // Below a millisecond: decimal milliseconds, which the parser reads back.

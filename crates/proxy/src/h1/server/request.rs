@@ -174,15 +174,20 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
     };
     *request.headers_mut() = headers;
     let head_method = request.method() == Method::HEAD;
-    Parsed::Request(Box::new(Head {
-        request,
-        // As hyper decides: HTTP/1.1 keeps the connection unless told `close`; HTTP/1.0
-        // only when asked with `keep-alive`.
-        keep_alive: !close && (!http10 || keep),
-        http10,
-        head_method,
-        body,
-    }))
+    // Allocated before the head is put together, so that it is written in place (see
+    // `h1::server::serve`).
+    Parsed::Request(Box::write(
+        Box::new_uninit(),
+        Head {
+            request,
+            // As hyper decides: HTTP/1.1 keeps the connection unless told `close`; HTTP/1.0
+            // only when asked with `keep-alive`.
+            keep_alive: !close && (!http10 || keep),
+            http10,
+            head_method,
+            body,
+        },
+    ))
 }
 
 /// Whether the chunked body bytes already read (`after`, what follows the head) are valid
