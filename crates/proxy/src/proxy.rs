@@ -1220,21 +1220,42 @@ async fn send_own(
     };
     let in_flight = peer.start_request();
     let mut sent_any = false;
-    let res = timed(
-        crate::h1::client::exchange(
-            wire,
-            &out.method,
-            &out.uri,
-            &out.headers,
-            &out.added,
-            &mut body,
-            &mut sent_any,
+    // No body going out (most requests): the connection's own timer (`Wire::take_timer`).
+    let timer = match progress {
+        None => futures_util::future::Either::Left(
+            wire.take_timer((Instant::now() + try_timeout).min(deadline)),
         ),
-        progress,
-        try_timeout,
-        deadline,
-    )
-    .await;
+        Some(progress) => futures_util::future::Either::Right(progress),
+    };
+    let exchange = crate::h1::client::exchange(
+        wire,
+        &out.method,
+        &out.uri,
+        &out.headers,
+        &out.added,
+        &mut body,
+        &mut sent_any,
+    );
+    let res = match timer {
+        futures_util::future::Either::Left(mut timer) => {
+            let res = tokio::select! {
+                biased;
+                r = exchange => Some(r),
+                () = timer.as_mut() => None,
+            };
+            wire.keep_timer(timer);
+            res
+        }
+        // On the heap, as in `timed`: a rare wait (see `boxed`).
+        futures_util::future::Either::Right(progress) => boxed(timed_with_progress(
+            exchange,
+            progress,
+            try_timeout,
+            deadline,
+        ))
+        .await
+        .ok(),
+    };
     drop(in_flight);
     if body.is_some() {
         // Handed back whole: nothing of it went out.
@@ -1242,16 +1263,16 @@ async fn send_own(
     }
     let written = conn.written() > w0;
     let sent = match res {
-        Err(_) => {
+        None => {
             return Err(Some(
                 ProxyError::new(Kind::Timeout).on_peer(addr, reused, written),
             ))
         }
-        Ok(Ok(sent)) => sent,
-        Ok(Err(SendError::Body(e))) => {
+        Some(Ok(sent)) => sent,
+        Some(Err(SendError::Body(e))) => {
             return Err(Some(client_fault_boxed(group, e, addr, reused, written)))
         }
-        Ok(Err(SendError::Bad(bad))) => {
+        Some(Err(SendError::Bad(bad))) => {
             tracing::warn!(peer.addr = %addr, error = %bad, "refused an invalid upstream response");
             return Err(Some(
                 ProxyError::new(Kind::BadResponse)
@@ -1259,7 +1280,7 @@ async fn send_own(
                     .on_peer(addr, reused, written),
             ));
         }
-        Ok(Err(e)) => {
+        Some(Err(e)) => {
             let got_response_bytes = conn.read() > r0;
             let idempotent = matches!(
                 out.method,

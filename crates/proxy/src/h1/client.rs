@@ -41,6 +41,9 @@ pub struct Wire<T> {
     need_flush: bool,
     /// Scratch space of the response head parse, kept with the connection.
     fields: head::Fields,
+    /// The per-try timer, kept with the connection from one exchange to the next (see
+    /// [`Wire::take_timer`]).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<T> Wire<T> {
@@ -53,7 +56,28 @@ impl<T> Wire<T> {
             pend: VecDeque::new(),
             need_flush: false,
             fields: head::Fields::new(),
+            timer: None,
         }
+    }
+
+    /// The connection's per-try timer, set to `due`; give it back with [`Wire::keep_timer`].
+    /// One timer per connection rather than one per try: a new timer is put into the
+    /// runtime's timer wheel when first polled and taken out when dropped, on every request,
+    /// while a kept one set to a later deadline (the common case, request after request)
+    /// only has its deadline moved, and the wheel, on reaching the old one, files it anew.
+    pub fn take_timer(&mut self, due: tokio::time::Instant) -> Pin<Box<tokio::time::Sleep>> {
+        match self.timer.take() {
+            Some(mut timer) => {
+                timer.as_mut().reset(due);
+                timer
+            }
+            None => Box::pin(tokio::time::sleep_until(due)),
+        }
+    }
+
+    /// Keeps the per-try timer for the next exchange.
+    pub fn keep_timer(&mut self, timer: Pin<Box<tokio::time::Sleep>>) {
+        self.timer = Some(timer);
     }
 
     /// The stream, for a hand-over to another HTTP client; `None` if bytes were read ahead

@@ -101,6 +101,42 @@ async fn a_slow_upstream_gets_504_upstream_timeout_at_the_try_timeout() {
     assert_eq!(b.seen().len(), 1);
 }
 
+/// The per-try timer is kept with the upstream connection from one request to the next:
+/// after it went off while the connection sat idle, and after it was moved to a later
+/// deadline, it still times out a slow try at that try's own deadline, never earlier.
+#[tokio::test]
+async fn a_reused_connection_times_out_each_try_at_its_own_deadline() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(&[b.addr()], "try_timeout = \"300ms\"")).await;
+    assert_eq!(get(up.listeners[0], "x", "/").await.status, 200);
+    // The first try's timer goes off while the connection is idle in the pool.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(get(up.listeners[0], "x", "/").await.status, 200);
+    // 200 ms into this try's 300 ms, the next try moves the timer 300 ms on from now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let r = get(up.listeners[0], "x", "/sleep/3000").await;
+    let took = start.elapsed();
+    assert_eq!(r.status, 504);
+    assert_eq!(r.header("upkeep-error"), Some("upstream_timeout"));
+    assert!(
+        took >= Duration::from_millis(280),
+        "timed out early: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2000),
+        "timed out late: {took:?}"
+    );
+    assert_eq!(
+        b.connections(),
+        1,
+        "the three requests shared one connection"
+    );
+    // The timed-out connection is gone; a fresh one answers.
+    assert_eq!(get(up.listeners[0], "x", "/").await.status, 200);
+    assert_eq!(b.connections(), 2);
+}
+
 /// Starts upkeep with its access log in a file; returns the log's path too.
 async fn upkeep_logged(toml: &str, name: &str) -> (upkeep_proxy::server::Running, PathBuf) {
     upkeep_test_support::init_tracing();
