@@ -27,7 +27,10 @@ pub(super) fn spawn(
     respond: h2::server::SendResponse<Bytes>,
     ctx: Arc<ConnCtx>,
 ) {
-    hyper::rt::Executor::execute(exec, run(req, respond, ctx));
+    exec.spawn(Box::into_pin(Box::write(
+        Box::new_uninit(),
+        run(req, respond, ctx),
+    )));
 }
 
 async fn run(
