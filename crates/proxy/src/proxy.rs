@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::task::Poll;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -1227,35 +1229,41 @@ async fn send_own(
         ),
         Some(progress) => futures_util::future::Either::Right(progress),
     };
-    let exchange = crate::h1::client::exchange(
-        wire,
-        &out.method,
-        &out.uri,
-        &out.headers,
-        &out.added,
-        &mut body,
-        &mut sent_any,
-    );
-    let res = match timer {
-        futures_util::future::Either::Left(mut timer) => {
-            let res = tokio::select! {
-                biased;
-                r = exchange => Some(r),
-                () = timer.as_mut() => None,
-            };
-            wire.keep_timer(timer);
-            res
+    // Pinned where it is made: moved into a `select!` or a timeout, its state (about 1 KB)
+    // would be copied on every request.
+    let (res, timer) = {
+        let mut exchange = std::pin::pin!(crate::h1::client::exchange(
+            wire,
+            &out.method,
+            &out.uri,
+            &out.headers,
+            &out.added,
+            &mut body,
+            &mut sent_any,
+        ));
+        match timer {
+            futures_util::future::Either::Left(mut timer) => {
+                let res = poll_fn(|cx| {
+                    if let Poll::Ready(r) = exchange.as_mut().poll(cx) {
+                        return Poll::Ready(Some(r));
+                    }
+                    timer.as_mut().poll(cx).map(|()| None)
+                })
+                .await;
+                (res, Some(timer))
+            }
+            // On the heap, as in `timed`: a rare wait (see `boxed`).
+            futures_util::future::Either::Right(progress) => {
+                let res = boxed(timed_with_progress(exchange, progress, try_timeout, deadline))
+                    .await
+                    .ok();
+                (res, None)
+            }
         }
-        // On the heap, as in `timed`: a rare wait (see `boxed`).
-        futures_util::future::Either::Right(progress) => boxed(timed_with_progress(
-            exchange,
-            progress,
-            try_timeout,
-            deadline,
-        ))
-        .await
-        .ok(),
     };
+    if let Some(timer) = timer {
+        wire.keep_timer(timer);
+    }
     drop(in_flight);
     if body.is_some() {
         // Handed back whole: nothing of it went out.
