@@ -110,7 +110,11 @@ where
                 wait = wait.min(Duration::from_millis(50));
             }
             timer.as_mut().reset(Instant::now() + wait);
+            // In this order, not a random one (which costs a random number per round): a
+            // request that came is read before a timer that went off at the same moment
+            // closes its connection; a head that keeps coming meets its size limit.
             tokio::select! {
+                biased;
                 r = poll_fn(|cx| poll_read_head(&wire, &mut wbuf, cx)) => match r {
                     Ok(0) | Err(_) => return Outcome::Closed,
                     Ok(_) => activity.touch(),
@@ -160,7 +164,9 @@ where
                 let mut handling =
                     std::pin::pin!(crate::proxy::handle_with(request, ctx.clone(), present));
                 loop {
+                    // The answer first, when the client also left meanwhile.
                     tokio::select! {
+                        biased;
                         r = &mut handling => break r,
                         r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
                             Ok(0) | Err(_) => {
