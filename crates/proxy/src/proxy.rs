@@ -4,10 +4,10 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
-use std::task::Poll;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
@@ -1254,9 +1254,14 @@ async fn send_own(
             }
             // On the heap, as in `timed`: a rare wait (see `boxed`).
             futures_util::future::Either::Right(progress) => {
-                let res = boxed(timed_with_progress(exchange, progress, try_timeout, deadline))
-                    .await
-                    .ok();
+                let res = boxed(timed_with_progress(
+                    exchange,
+                    progress,
+                    try_timeout,
+                    deadline,
+                ))
+                .await
+                .ok();
                 (res, None)
             }
         }

@@ -297,3 +297,58 @@ async fn reload_binds_an_added_listener_and_closes_a_removed_one() {
     assert_eq!(get(up.listeners[0], "x", "/kept").await.text(), "a /kept\n");
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+/// A connection of a listener a reload removed is told to close (shutdown has not begun):
+/// the response to the request it was handling then says `connection: close`, and the
+/// connection ends after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_on_a_removed_listener_is_answered_with_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = TestBackend::start("a").await;
+    let path = temp_file("removed-in-flight");
+    let extra = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let base = format!(
+        "access_log = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"{}\"]\n",
+        a.addr()
+    );
+    let with_extra = format!("{base}[[listener]]\nlisten = \"{extra}\"\n");
+    let up = upkeep_from(&path, &with_extra).await;
+    let mut s = tokio::net::TcpStream::connect(extra).await.unwrap();
+    let read_until = async |s: &mut tokio::net::TcpStream, text: &str| {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&out).contains(text) {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    s.write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let first = read_until(&mut s, "a /one\n").await;
+    assert!(
+        first.starts_with("HTTP/1.1 200 OK\r\n") && !first.contains("connection: close"),
+        "{first}"
+    );
+    s.write_all(b"GET /sleep/800 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reload_to(&up, &path, &base);
+    let second = read_until(&mut s, "a slept 800\n").await;
+    assert!(second.starts_with("HTTP/1.1 200 OK\r\n"), "{second}");
+    assert!(second.contains("connection: close\r\n"), "{second}");
+    let mut buf = [0u8; 64];
+    let end = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+    assert!(
+        matches!(end, Ok(Ok(0)) | Ok(Err(_))),
+        "the connection ends after the response: {end:?}"
+    );
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
