@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod expect;
+pub mod fxhash;
 pub mod grpc;
 pub mod h1;
 mod h2server;

@@ -13,7 +13,6 @@ mod load;
 pub mod tls;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
@@ -276,57 +275,10 @@ fn worker() -> usize {
 }
 
 /// Idle connections by (worker, peer).
-type IdleMap = HashMap<(usize, SocketAddr), Vec<Idle>, BuildHasherDefault<AddrHasher>>;
-
-/// A multiply-rotate hash (rustc's `FxHasher`) for the idle lists, looked up twice per
-/// request: SipHash of a socket address was about 300 instructions a lookup. Its keys are
-/// the configured or resolved peers, never chosen by a client, so a hash that is not
-/// collision-resistant is safe here.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl AddrHasher {
-    fn add(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for AddrHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        for &b in chunks.remainder() {
-            self.add(u64::from(b));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u16(&mut self, n: u16) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        // The table indexes by the low bits: bring the well-mixed high ones down.
-        self.0.rotate_left(26)
-    }
-}
+/// Looked up twice per request: keyed by a fast hash (`crate::fxhash`), not SipHash (about
+/// 300 instructions a lookup). The keys are configured or resolved peers, never chosen by a
+/// client.
+type IdleMap = HashMap<(usize, SocketAddr), Vec<Idle>, crate::fxhash::FxBuild>;
 
 /// Idle lists are split by worker so that serving threads never wait on each other's lock
 /// (a contended lock costs a futex call and a wake-up per request).

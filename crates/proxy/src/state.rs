@@ -21,8 +21,8 @@ pub struct State {
     pub config: Arc<Config>,
     /// Compiled routes.
     pub routes: RouteTable,
-    /// Groups by name.
-    pub groups: HashMap<String, Arc<Group>>,
+    /// Groups by name (looked up per request; the names are the config's: `fxhash`).
+    pub groups: HashMap<String, Arc<Group>, crate::fxhash::FxBuild>,
 }
 
 /// What a reload did to the groups, for its log line.
@@ -51,7 +51,7 @@ impl State {
         let dns_same = prev.is_some_and(|p| p.config.dns == config.dns);
         let kube_same = prev.is_some_and(|p| p.config.kubernetes == config.kubernetes);
         let mut changes = GroupChanges::default();
-        let mut groups = HashMap::new();
+        let mut groups = HashMap::default();
         for (name, gcfg) in &config.groups {
             let old = prev.and_then(|p| p.groups.get(name));
             let has_names = gcfg
@@ -149,7 +149,7 @@ impl Shared {
     ) -> Arc<Self> {
         let empty = State {
             routes: RouteTable::new(&[]),
-            groups: HashMap::new(),
+            groups: HashMap::default(),
             config,
         };
         Arc::new(Self {
