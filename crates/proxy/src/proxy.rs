@@ -1224,9 +1224,10 @@ async fn send_own(
     let mut sent_any = false;
     // No body going out (most requests): the connection's own timer (`Wire::take_timer`).
     let timer = match progress {
-        None => futures_util::future::Either::Left(
-            wire.take_timer((Instant::now() + try_timeout).min(deadline)),
-        ),
+        None => {
+            let due = (Instant::now() + try_timeout).min(deadline);
+            futures_util::future::Either::Left((wire.take_timer(due), due))
+        }
         Some(progress) => futures_util::future::Either::Right(progress),
     };
     // Pinned where it is made: moved into a `select!` or a timeout, its state (about 1 KB)
@@ -1242,12 +1243,12 @@ async fn send_own(
             &mut sent_any,
         ));
         match timer {
-            futures_util::future::Either::Left(mut timer) => {
+            futures_util::future::Either::Left((mut timer, due)) => {
                 let res = poll_fn(|cx| {
                     if let Poll::Ready(r) = exchange.as_mut().poll(cx) {
                         return Poll::Ready(Some(r));
                     }
-                    timer.as_mut().poll(cx).map(|()| None)
+                    crate::h1::client::poll_timer(&mut timer, due, cx).map(|()| None)
                 })
                 .await;
                 (res, Some(timer))

@@ -7,7 +7,7 @@
 //! oneshot per request: the connection goes back to the pool when the response has ended.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -60,15 +60,19 @@ impl<T> Wire<T> {
         }
     }
 
-    /// The connection's per-try timer, set to `due`; give it back with [`Wire::keep_timer`].
-    /// One timer per connection rather than one per try: a new timer is put into the
-    /// runtime's timer wheel when first polled and taken out when dropped, on every request,
-    /// while a kept one set to a later deadline (the common case, request after request)
-    /// only has its deadline moved, and the wheel, on reaching the old one, files it anew.
+    /// The connection's per-try timer, to go off at `due` or before it; give it back with
+    /// [`Wire::keep_timer`], and see [`poll_timer`] for what going off early means. One timer
+    /// per connection rather than one per try: a new timer is put into the runtime's timer
+    /// wheel when first polled and taken out when dropped, on every request. A kept one is
+    /// moved only when `due` is earlier than where it stands; request after request the
+    /// deadline only moves later, so the timer is left where it is, goes off early at most
+    /// once per try timeout, and is moved on then.
     pub fn take_timer(&mut self, due: tokio::time::Instant) -> Pin<Box<tokio::time::Sleep>> {
         match self.timer.take() {
             Some(mut timer) => {
-                timer.as_mut().reset(due);
+                if timer.deadline() > due {
+                    timer.as_mut().reset(due);
+                }
                 timer
             }
             None => Box::pin(tokio::time::sleep_until(due)),
@@ -100,6 +104,23 @@ impl<T> Wire<T> {
             self.wbuf = BytesMut::new();
         }
     }
+}
+
+/// Polls a timer from [`Wire::take_timer`] for a try due at `due`: ready only once `due` has
+/// come. A timer that went off at an earlier deadline it was left at is moved to `due` and
+/// waits again.
+pub fn poll_timer(
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    due: tokio::time::Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    while timer.as_mut().poll(cx).is_ready() {
+        if timer.deadline() >= due {
+            return Poll::Ready(());
+        }
+        timer.as_mut().reset(due);
+    }
+    Poll::Pending
 }
 
 /// Why an exchange failed before the response head was complete.

@@ -366,6 +366,37 @@ strip_prefix = true
     assert!(started.elapsed() >= Duration::from_millis(450));
 }
 
+/// One upstream connection serves a route with the group's 30 s try timeout, then one with
+/// 200 ms: the connection's kept timer is moved earlier for the second try.
+#[tokio::test]
+async fn a_shorter_try_timeout_applies_on_a_connection_a_longer_one_used_before() {
+    let b = TestBackend::start("b").await;
+    let routes = r#"
+[[route]]
+path = "/sleep/"
+group = "app"
+try_timeout = "200ms"
+[[route]]
+path = "/wait"
+group = "app"
+strip_prefix = true
+"#;
+    let up = upkeep(&config(b.addr(), routes)).await;
+    let l = up.listeners[0];
+    let r = upkeep_test_support::get(l, "t.test", "/wait/one").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let started = Instant::now();
+    let r = upkeep_test_support::get(l, "t.test", "/sleep/2000").await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.header("upkeep-error"), Some("upstream_timeout"));
+    assert!(
+        took >= Duration::from_millis(180) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
+    assert_eq!(b.connections(), 1, "both requests went on one connection");
+}
+
 #[test]
 fn rule_errors_are_reported_together_with_their_positions() {
     let text = r#"[[listener]]
