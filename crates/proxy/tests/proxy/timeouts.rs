@@ -88,6 +88,52 @@ async fn an_idle_keepalive_connection_is_closed_after_the_idle_timeout_not_befor
     );
 }
 
+/// Sends one request on `s` and reads its whole (small) response.
+async fn one_request(s: &mut TcpStream) {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+/// The connection's timer is left at an earlier idle deadline when a request comes: the
+/// idle time still counts from the last request, and a head begun later is still cut at the
+/// (shorter) header read timeout.
+#[tokio::test]
+async fn the_idle_clock_restarts_with_each_request_and_a_later_head_gets_its_own_timeout() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&with_listener_settings(
+        one_group(&[b.addr()], ""),
+        "idle_timeout = \"1500ms\"\nheader_read_timeout = \"300ms\"",
+    ))
+    .await;
+    let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
+    one_request(&mut s).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    one_request(&mut s).await;
+    let closed = closed_after(&mut s, Duration::from_secs(5))
+        .await
+        .expect("idle connection closed");
+    assert!(
+        closed >= Duration::from_millis(1400) && closed < Duration::from_millis(3000),
+        "closed {closed:?} after the second request (idle timeout 1.5 s)"
+    );
+
+    let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
+    one_request(&mut s).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await.unwrap();
+    let closed = closed_after(&mut s, Duration::from_secs(5))
+        .await
+        .expect("a slow head is cut");
+    assert!(
+        closed >= Duration::from_millis(250) && closed < Duration::from_millis(1000),
+        "a head begun on a kept connection was cut {closed:?} after it began (header read timeout 300 ms, idle deadline 1.4 s away)"
+    );
+}
+
 #[tokio::test]
 async fn a_slow_upstream_gets_504_upstream_timeout_at_the_try_timeout() {
     let b = TestBackend::start("b").await;
