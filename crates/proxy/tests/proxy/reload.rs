@@ -269,16 +269,22 @@ async fn reload_rereads_the_certificate_and_refuses_a_mismatched_pair() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A config with one listener in front of `backend`, and the same with a second listener on
+/// a free port (returned first).
+fn with_and_without_a_listener(backend: SocketAddr) -> (SocketAddr, String, String) {
+    let extra = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let base = format!(
+        "access_log = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"{backend}\"]\n"
+    );
+    let with_extra = format!("{base}[[listener]]\nlisten = \"{extra}\"\nforwarded = \"none\"\n");
+    (extra, base, with_extra)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_binds_an_added_listener_and_closes_a_removed_one() {
     let a = TestBackend::start("a").await;
     let path = temp_file("listeners");
-    let extra = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let base = format!(
-        "access_log = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"{}\"]\n",
-        a.addr()
-    );
-    let with_extra = format!("{base}[[listener]]\nlisten = \"{extra}\"\nforwarded = \"none\"\n");
+    let (extra, base, with_extra) = with_and_without_a_listener(a.addr());
     let up = upkeep_from(&path, &base).await;
     assert!(tokio::net::TcpStream::connect(extra).await.is_err());
 
@@ -306,12 +312,7 @@ async fn a_request_in_flight_on_a_removed_listener_is_answered_with_close() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let a = TestBackend::start("a").await;
     let path = temp_file("removed-in-flight");
-    let extra = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let base = format!(
-        "access_log = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[listener]]\nlisten = \"127.0.0.1:0\"\n[[route]]\ngroup = \"app\"\n[groups.app]\nendpoints = [\"{}\"]\n",
-        a.addr()
-    );
-    let with_extra = format!("{base}[[listener]]\nlisten = \"{extra}\"\n");
+    let (extra, base, with_extra) = with_and_without_a_listener(a.addr());
     let up = upkeep_from(&path, &with_extra).await;
     let mut s = tokio::net::TcpStream::connect(extra).await.unwrap();
     let read_until = async |s: &mut tokio::net::TcpStream, text: &str| {

@@ -333,10 +333,8 @@ async fn max_body_bytes_cuts_an_http2_body_as_it_streams() {
     }
 }
 
-#[tokio::test]
-async fn a_routes_timeouts_override_its_groups() {
-    let b = TestBackend::start("b").await;
-    let routes = r#"
+/// `/sleep/` with its own short timeouts, `/wait` with the group's.
+const TIMEOUT_ROUTES: &str = r#"
 [[route]]
 path = "/sleep/"
 group = "app"
@@ -347,7 +345,11 @@ path = "/wait"
 group = "app"
 strip_prefix = true
 "#;
-    let up = upkeep(&config(b.addr(), routes)).await;
+
+#[tokio::test]
+async fn a_routes_timeouts_override_its_groups() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&config(b.addr(), TIMEOUT_ROUTES)).await;
     let l = up.listeners[0];
     let started = Instant::now();
     let r = upkeep_test_support::get(l, "t.test", "/sleep/2000").await;
@@ -371,17 +373,7 @@ strip_prefix = true
 #[tokio::test]
 async fn a_shorter_try_timeout_applies_on_a_connection_a_longer_one_used_before() {
     let b = TestBackend::start("b").await;
-    let routes = r#"
-[[route]]
-path = "/sleep/"
-group = "app"
-try_timeout = "200ms"
-[[route]]
-path = "/wait"
-group = "app"
-strip_prefix = true
-"#;
-    let up = upkeep(&config(b.addr(), routes)).await;
+    let up = upkeep(&config(b.addr(), TIMEOUT_ROUTES)).await;
     let l = up.listeners[0];
     let r = upkeep_test_support::get(l, "t.test", "/wait/one").await;
     assert_eq!(r.status, 200, "{}", r.text());
