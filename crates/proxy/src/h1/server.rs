@@ -75,7 +75,8 @@ where
     // The signal's value, read after each request: a look under its lock costs a tenth of a
     // poll of the wait below.
     let close_now = signals.close_idle.clone();
-    // Set before its first poll: its deadline is later than any the loop below asks for.
+    // Set far off before its first poll, so that the loop below moves it to the first
+    // deadline it needs (a longer configured timeout is reached by going off and moving on).
     let timer = tokio::time::sleep(Duration::from_secs(4000));
     tokio::pin!(timer);
     // One wait for the close signal for the whole connection, not a new one (a waiter added
