@@ -6,23 +6,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use upkeep_test_support::{get, raw_exchange, TestBackend};
 
-use crate::support::{metric, one_group, upkeep};
-
-fn with_listener_settings(cfg: String, settings: &str) -> String {
-    cfg.replacen(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
-        &format!("[[listener]]\nlisten = \"127.0.0.1:0\"\n{settings}\n"),
-        1,
-    )
-}
+use crate::support::{metric, one_group, upkeep, upkeep_listener};
 
 #[tokio::test]
 async fn over_max_connections_http1_gets_503_overloaded_and_h2_a_goaway() {
     let b = TestBackend::start("b").await;
-    let up = upkeep(&with_listener_settings(
-        one_group(&[b.addr()], ""),
+    let up = upkeep_listener(
+        b.addr(),
         "max_connections = 2\nheader_read_timeout = \"5s\"",
-    ))
+    )
     .await;
     let addr = up.listeners[0];
     // Two connections hold the listener's whole allowance.

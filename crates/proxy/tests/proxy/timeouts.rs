@@ -14,15 +14,7 @@ use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::server::start_with;
 use upkeep_test_support::{get, send, TestBackend};
 
-use crate::support::{metric, one_group, upkeep};
-
-fn with_listener_settings(cfg: String, settings: &str) -> String {
-    cfg.replacen(
-        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
-        &format!("[[listener]]\nlisten = \"127.0.0.1:0\"\n{settings}\n"),
-        1,
-    )
-}
+use crate::support::{metric, one_group, upkeep, upkeep_listener, with_listener_settings};
 
 /// Reads until EOF or `limit`; returns when the server closed, if it did.
 async fn closed_after(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
@@ -40,11 +32,7 @@ async fn closed_after(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
 #[tokio::test]
 async fn a_request_head_trickled_slowly_is_cut_at_the_header_read_timeout() {
     let b = TestBackend::start("b").await;
-    let up = upkeep(&with_listener_settings(
-        one_group(&[b.addr()], ""),
-        "header_read_timeout = \"300ms\"",
-    ))
-    .await;
+    let up = upkeep_listener(b.addr(), "header_read_timeout = \"300ms\"").await;
     let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n").await.unwrap();
     let closed = closed_after(&mut s, Duration::from_secs(3)).await;
@@ -59,10 +47,10 @@ async fn a_request_head_trickled_slowly_is_cut_at_the_header_read_timeout() {
 #[tokio::test]
 async fn an_idle_keepalive_connection_is_closed_after_the_idle_timeout_not_before() {
     let b = TestBackend::start("b").await;
-    let up = upkeep(&with_listener_settings(
-        one_group(&[b.addr()], ""),
+    let up = upkeep_listener(
+        b.addr(),
         "idle_timeout = \"600ms\"\nheader_read_timeout = \"5s\"",
-    ))
+    )
     .await;
     let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -104,10 +92,10 @@ async fn one_request(s: &mut TcpStream) {
 #[tokio::test]
 async fn the_idle_clock_restarts_with_each_request_and_a_later_head_gets_its_own_timeout() {
     let b = TestBackend::start("b").await;
-    let up = upkeep(&with_listener_settings(
-        one_group(&[b.addr()], ""),
+    let up = upkeep_listener(
+        b.addr(),
         "idle_timeout = \"1500ms\"\nheader_read_timeout = \"300ms\"",
-    ))
+    )
     .await;
     let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
     one_request(&mut s).await;
@@ -255,11 +243,7 @@ async fn metric_becomes(up: &upkeep_proxy::server::Running, series: &str, want: 
 async fn a_silent_socket_is_closed_at_the_header_read_timeout_not_the_idle_timeout() {
     let b = TestBackend::start("b").await;
     // The idle timeout stays at its default (620 s): only the header read timeout may close.
-    let up = upkeep(&with_listener_settings(
-        one_group(&[b.addr()], ""),
-        "header_read_timeout = \"300ms\"",
-    ))
-    .await;
+    let up = upkeep_listener(b.addr(), "header_read_timeout = \"300ms\"").await;
     let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
     let t = closed_after(&mut s, Duration::from_secs(3))
         .await
@@ -278,11 +262,7 @@ async fn a_silent_socket_is_closed_at_the_header_read_timeout_not_the_idle_timeo
 #[tokio::test]
 async fn half_an_http2_preface_is_closed_at_the_header_read_timeout() {
     let b = TestBackend::start("b").await;
-    let up = upkeep(&with_listener_settings(
-        one_group(&[b.addr()], ""),
-        "header_read_timeout = \"300ms\"",
-    ))
-    .await;
+    let up = upkeep_listener(b.addr(), "header_read_timeout = \"300ms\"").await;
     let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
     s.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     let t = closed_after(&mut s, Duration::from_secs(3))

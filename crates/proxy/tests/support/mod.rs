@@ -41,6 +41,20 @@ pub fn one_group(addrs: &[std::net::SocketAddr], extra: &str) -> String {
     )
 }
 
+/// `cfg` with `settings` added to its first listener (`[[listener]]` on `127.0.0.1:0`).
+pub fn with_listener_settings(cfg: String, settings: &str) -> String {
+    cfg.replacen(
+        "[[listener]]\nlisten = \"127.0.0.1:0\"\n",
+        &format!("[[listener]]\nlisten = \"127.0.0.1:0\"\n{settings}\n"),
+        1,
+    )
+}
+
+/// upkeep in front of `backend` alone, with `settings` on its listener.
+pub async fn upkeep_listener(backend: std::net::SocketAddr, settings: &str) -> Running {
+    upkeep(&with_listener_settings(one_group(&[backend], ""), settings)).await
+}
+
 /// Reads a metric's value from `/metrics` text: the first sample whose line starts with `prefix`.
 pub async fn metric(running: &Running, prefix: &str) -> f64 {
     let m = upkeep_test_support::get(running.admin, "admin", "/metrics")
