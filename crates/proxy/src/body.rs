@@ -340,6 +340,15 @@ impl RespBody {
         })
     }
 
+    /// The upstream's response head as received, when upkeep's own HTTP/1 client kept it
+    /// that way for the own HTTP/1 server (`crate::h1::head::RawHead`); taken once.
+    pub(crate) fn take_raw_head(&mut self) -> Option<crate::h1::head::RawHead> {
+        match &mut self.inner {
+            Inner::Own { body, .. } => body.take_raw_head(),
+            _ => None,
+        }
+    }
+
     fn new(inner: Inner) -> Self {
         Self {
             inner,

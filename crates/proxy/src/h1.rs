@@ -44,6 +44,8 @@ pub(crate) struct Streaming {
     idle: Duration,
     /// The end was returned.
     ended: bool,
+    /// The response head as received (`head::RawHead`), until the writer takes it.
+    raw_head: Option<head::RawHead>,
 }
 
 impl Streaming {
@@ -55,7 +57,18 @@ impl Streaming {
             pool,
             idle,
             ended: false,
+            raw_head: None,
         }
+    }
+
+    /// Keeps the response head as received, for upkeep's own HTTP/1 server to write.
+    pub(crate) fn set_raw_head(&mut self, raw: Option<head::RawHead>) {
+        self.raw_head = raw;
+    }
+
+    /// The response head as received, if it was kept that way.
+    pub(crate) fn take_raw_head(&mut self) -> Option<head::RawHead> {
+        self.raw_head.take()
     }
 
     /// The body has ended (or failed): nothing more comes.

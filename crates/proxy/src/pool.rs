@@ -824,7 +824,19 @@ impl Checkin {
 
 /// Reads `Keep-Alive: timeout=N` from response headers.
 pub fn keepalive_hint(headers: &http::HeaderMap) -> Option<Duration> {
-    let v = headers.get(crate::headers::KEEP_ALIVE)?.to_str().ok()?;
+    keepalive_timeout(headers.get(crate::headers::KEEP_ALIVE)?.as_bytes())
+}
+
+/// The `timeout=N` of one `Keep-Alive` value (none in a value with a byte that is not
+/// visible ASCII, as `HeaderValue::to_str` refuses it).
+pub fn keepalive_timeout(value: &[u8]) -> Option<Duration> {
+    if !value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return None;
+    }
+    let v = std::str::from_utf8(value).ok()?;
     v.split(',').find_map(|part| {
         let (k, v) = part.split_once('=')?;
         if k.trim().eq_ignore_ascii_case("timeout") {

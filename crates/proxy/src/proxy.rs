@@ -61,14 +61,18 @@ pub fn handle(
     ctx: Arc<ConnCtx>,
 ) -> impl std::future::Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let present = Present::of(req.headers());
-    handle_with(req, ctx, present)
+    handle_with(req, ctx, present, false)
 }
 
 /// [`handle`] for a caller that has looked at the request's fields already (`present`).
+/// `own_writer`: the response goes to upkeep's own HTTP/1 server, which writes an upstream
+/// head passed on as received (`crate::h1::head::RawHead`); any other writer needs every
+/// field in the response's map.
 pub async fn handle_with(
     mut req: Request<DownBody>,
     ctx: Arc<ConnCtx>,
     present: Present,
+    own_writer: bool,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
     let wall = SystemTime::now();
@@ -100,7 +104,9 @@ pub async fn handle_with(
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
-    let result = caught_forward(req, present, grpc, &ctx, &state, &bytes_in, &mut info)
+    let result = caught_forward(
+        req, present, grpc, own_writer, &ctx, &state, &bytes_in, &mut info,
+    )
         .await
         .unwrap_or_else(|Panicked(why)| {
             tracing::error!(cause = "internal", panic = %why, method = %method, path = %path, "request handler panicked; answered 500");
@@ -391,6 +397,8 @@ struct Outgoing {
     bodyless: bool,
     /// The client takes trailers in the response.
     trailers: bool,
+    /// An HTTP/1 upstream's response head may stay as received (`crate::h1::head::RawHead`).
+    raw_head: bool,
 }
 
 impl Outgoing {
@@ -438,16 +446,20 @@ impl Outgoing {
 /// `forward` under the panic boundary. A plain function, so that the handler's future holds
 /// the request's future once (passed to `CatchPanic::new` from an `async fn`, it would be
 /// held twice: the argument and the awaited value).
+#[allow(clippy::too_many_arguments)]
 fn caught_forward<'a>(
     req: Request<DownBody>,
     present: Present,
     grpc: bool,
+    own_writer: bool,
     ctx: &'a ConnCtx,
     state: &'a State,
     bytes_in: &'a Arc<AtomicU64>,
     info: &'a mut AttemptInfo,
 ) -> CatchPanic<impl std::future::Future<Output = Result<Response<RespBody>, ProxyError>> + 'a> {
-    CatchPanic::new(forward(req, present, grpc, ctx, state, bytes_in, info))
+    CatchPanic::new(forward(
+        req, present, grpc, own_writer, ctx, state, bytes_in, info,
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -455,6 +467,7 @@ async fn forward(
     req: Request<DownBody>,
     present: Present,
     grpc: bool,
+    own_writer: bool,
     ctx: &ConnCtx,
     state: &State,
     bytes_in: &Arc<AtomicU64>,
@@ -659,6 +672,9 @@ async fn forward(
         body,
         bodyless,
         trailers: trailers.accepts,
+        // Nothing between here and the own server's writer reads or changes the upstream's
+        // fields but a route's response header rules (and gRPC's trailers).
+        raw_head: own_writer && !grpc && route_rules.response_headers.is_empty(),
     };
     let idempotent = matches!(
         parts.method,
@@ -1233,14 +1249,18 @@ async fn send_own(
     // Pinned where it is made: moved into a `select!` or a timeout, its state (about 1 KB)
     // would be copied on every request.
     let (res, timer) = {
+        let req = crate::h1::client::RequestHead {
+            method: &out.method,
+            uri: &out.uri,
+            headers: &out.headers,
+            added: &out.added,
+            raw_head: out.raw_head,
+        };
         let mut exchange = std::pin::pin!(crate::h1::client::exchange(
             wire,
-            &out.method,
-            &out.uri,
-            &out.headers,
-            &out.added,
+            req,
             &mut body,
-            &mut sent_any,
+            &mut sent_any
         ));
         match timer {
             futures_util::future::Either::Left((mut timer, due)) => {
@@ -1323,13 +1343,22 @@ async fn send_own(
     parts.status = head.status;
     parts.version = head.version;
     parts.headers = head.headers;
-    let idle = rewrite_response_head(&mut parts, group, out.trailers, false);
+    let idle = match &head.raw {
+        // Nothing to rewrite: the head holds no hop-by-hop field but `Connection` and
+        // `Keep-Alive`, which stay behind, and no `Trailer`.
+        Some(raw) => {
+            parts.version = message::DOWNSTREAM_VERSION;
+            group.pool().idle_timeout_for(raw.keepalive_hint)
+        }
+        None => rewrite_response_head(&mut parts, group, out.trailers, false),
+    };
     let idle = if head.keep_alive {
         idle
     } else {
         Duration::ZERO
     };
-    let streaming = crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle);
+    let mut streaming = crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle);
+    streaming.set_raw_head(head.raw);
     Ok(Response::from_parts(
         parts,
         RespBody::own(streaming, group.config().read_timeout),

@@ -182,19 +182,38 @@ pub struct Sent {
     pub upload: Upload,
 }
 
+/// The request an exchange sends, as the proxy made it.
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The request target.
+    pub uri: &'a Uri,
+    /// The header fields.
+    pub headers: &'a HeaderMap,
+    /// Fields upkeep adds, sent after `headers`.
+    pub added: &'a crate::headers::Added,
+    /// The response goes to upkeep's own HTTP/1 server, which takes its head as received
+    /// when it qualifies (`head::RawHead`).
+    pub raw_head: bool,
+}
+
 /// Writes the request head (and body bytes already read) to `wire`, then reads until a
 /// final response head, skipping 1xx heads, while the body keeps going out. `body` is left
 /// in place, untouched, when the exchange fails before any byte was written, so that the
 /// request can be sent again on another connection; `written` says whether any byte went.
 pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
     wire: &mut Wire<T>,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    added: &crate::headers::Added,
+    req: RequestHead<'_>,
     body: &mut Option<ReqBody>,
     written: &mut bool,
 ) -> Result<Sent, SendError> {
+    let RequestHead {
+        method,
+        uri,
+        headers,
+        added,
+        raw_head,
+    } = req;
     let head_request = *method == Method::HEAD;
     let mut b = body.take();
     // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`.
@@ -247,7 +266,7 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
             }
             // Nothing read yet (the first poll, as a rule): nothing to parse.
             while !wire.rbuf.is_empty() {
-                match head::parse_with(&mut wire.rbuf, head_request, &mut wire.fields)? {
+                match head::parse_with(&mut wire.rbuf, head_request, &mut wire.fields, raw_head)? {
                     Parsed::Partial => break,
                     // 101 to a request that asked no upgrade: nothing can follow it here.
                     Parsed::Informational(s, _) if s == StatusCode::SWITCHING_PROTOCOLS => {

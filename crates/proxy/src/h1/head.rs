@@ -7,7 +7,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{HeaderMap, StatusCode, Version};
 
 /// The largest response head read (status line and headers).
@@ -41,11 +41,39 @@ pub struct Head {
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
     /// The header fields as sent; `Content-Length` is dropped under `chunked`, and from a 204.
+    /// Empty when the head is passed on as received (`raw`).
     pub headers: HeaderMap,
     /// How the body is delimited.
     pub framing: Framing,
     /// The upstream allows another request on this connection after this response.
     pub keep_alive: bool,
+    /// The fields as received, when the caller asked for them that way and the head allows it
+    /// (see [`RawHead`]); `headers` is then empty.
+    pub raw: Option<RawHead>,
+}
+
+/// A response head passed on as received, for upkeep's own HTTP/1 server: no `HeaderMap` is
+/// made of it (per field: a name looked up, a value checked again, a hash and an insert; then
+/// read back out to be written). Only a head whose every field either goes downstream
+/// unchanged or is one the writer makes anew qualifies: no `Trailer`, `TE`, `Upgrade`,
+/// `Proxy-*` field, and a `Connection` that names only `keep-alive` or `close` (one naming
+/// other fields would remove them). Any other head, and any response to HEAD, is made into
+/// a map as before.
+#[derive(Debug)]
+pub struct RawHead {
+    /// The fields that go downstream unchanged, as received except that their names are
+    /// lowercased (as `HeaderName` spells them): whole `name: value` lines with their CRLF,
+    /// in the order received. No framing field (`Content-Length`, `Transfer-Encoding`), and
+    /// no `Connection` or `Keep-Alive` (hop-by-hop: the writer says its own).
+    pub fields: Bytes,
+    /// A `Date` field is among them.
+    pub date: bool,
+    /// The `Content-Length` value, when one stands (not under `chunked`, not on a 204).
+    pub length: Option<u64>,
+    /// `Transfer-Encoding: chunked` stands (not on a 204).
+    pub chunked: bool,
+    /// The upstream's `Keep-Alive: timeout=N` (its first `Keep-Alive` field).
+    pub keepalive_hint: Option<std::time::Duration>,
 }
 
 /// The outcome of parsing what has been read so far.
@@ -59,29 +87,79 @@ pub enum Parsed {
     Final(Head, usize),
 }
 
-/// Header fields of the head being parsed: name (`None`: invalid, refused in field order),
-/// and where its value lies in the head.
-pub type Fields = Vec<(Option<HeaderName>, usize, usize)>;
+/// What a response field is to the parser and the writer; found from the name's bytes,
+/// without making a `HeaderName`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Passed on as it is.
+    Plain,
+    /// `Date`: passed on, and the writer adds none.
+    Date,
+    /// `Content-Length`.
+    ContentLength,
+    /// `Transfer-Encoding`.
+    TransferEncoding,
+    /// `Connection`.
+    Connection,
+    /// `Keep-Alive`.
+    KeepAlive,
+    /// Another hop-by-hop field (`Trailer`, `TE`, `Upgrade`, `Proxy-Connection`,
+    /// `Proxy-Authenticate`, `Proxy-Authorization`): the head is made into a map.
+    OtherHop,
+}
+
+/// The kind of the field named `name` (case-insensitive).
+pub fn kind(name: &[u8]) -> Kind {
+    let is = |s: &[u8]| name.eq_ignore_ascii_case(s);
+    // The length picks at most two candidates: one comparison for most names.
+    match name.len() {
+        2 if is(b"te") => Kind::OtherHop,
+        4 if is(b"date") => Kind::Date,
+        7 if is(b"trailer") || is(b"upgrade") => Kind::OtherHop,
+        10 if is(b"connection") => Kind::Connection,
+        10 if is(b"keep-alive") => Kind::KeepAlive,
+        14 if is(b"content-length") => Kind::ContentLength,
+        16 if is(b"proxy-connection") => Kind::OtherHop,
+        17 if is(b"transfer-encoding") => Kind::TransferEncoding,
+        18 if is(b"proxy-authenticate") => Kind::OtherHop,
+        19 if is(b"proxy-authorization") => Kind::OtherHop,
+        _ => Kind::Plain,
+    }
+}
+
+/// One header field of the head being parsed: where its name and value lie in the head, and
+/// its kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    name: (usize, usize),
+    value: (usize, usize),
+    kind: Kind,
+}
+
+/// Header fields of the head being parsed (scratch space kept by the connection).
+pub type Fields = Vec<Field>;
 
 /// Parses a response head at the start of `buf`; `head_request` says the request was HEAD
 /// (whose response never has a body, whatever its headers say). A complete head is taken off
 /// `buf` (a 1xx as well), so what stays is the body, or the next head.
 pub fn parse(buf: &mut BytesMut, head_request: bool) -> Result<Parsed, BadResponse> {
-    parse_with(buf, head_request, &mut Fields::new())
+    parse_with(buf, head_request, &mut Fields::new(), false)
 }
 
 /// [`parse`], with `fields` as scratch space kept by the connection (no allocation per
-/// response).
+/// response); `raw`: the head goes to upkeep's own HTTP/1 server, which takes it as received
+/// when it qualifies ([`RawHead`]).
 pub fn parse_with(
     buf: &mut BytesMut,
     head_request: bool,
     fields: &mut Fields,
+    raw: bool,
 ) -> Result<Parsed, BadResponse> {
     fields.clear();
     let base = buf.as_ptr() as usize;
     // Uninitialised slots: zeroing 100 of them per response costs more than the parse. One
-    // parse: the names are read and the values' places noted, so that once the head is
-    // split off, the values share its bytes (no copy per field).
+    // parse: the names and values' places are noted, so that once the head is split off,
+    // the values share its bytes (no copy per field).
     let (len, code, minor) = {
         let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut []);
@@ -102,9 +180,13 @@ pub fn parse_with(
         let code = resp.code.unwrap_or(0);
         if len <= MAX_HEAD && !(100..200).contains(&code) {
             for h in resp.headers.iter() {
-                let name = super::names::header_name(h.name.as_bytes()).ok();
-                let start = h.value.as_ptr() as usize - base;
-                fields.push((name, start, start + h.value.len()));
+                let name = h.name.as_ptr() as usize - base;
+                let value = h.value.as_ptr() as usize - base;
+                fields.push(Field {
+                    name: (name, name + h.name.len()),
+                    value: (value, value + h.value.len()),
+                    kind: kind(h.name.as_bytes()),
+                });
             }
         }
         (len, code, resp.version)
@@ -125,34 +207,50 @@ pub fn parse_with(
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
-    let raw: Bytes = buf.split_to(len).freeze();
-    // Room for what the proxy adds on the way downstream (`keep-alive`, `connection`), so
-    // that the map is not rehashed into a larger table per response.
-    let mut headers = crate::headers::map_with_capacity(fields.len() + 2);
+    // One look at each field: the framing, the connection's fate, and whether the head can
+    // go on as received.
     let mut lengths = 0usize;
     let mut length: Option<u64> = None;
     let mut codings = 0usize;
     let mut close = false;
-    for (name, start, end) in fields.drain(..) {
-        let name = name.ok_or(BadResponse("invalid header name"))?;
-        let value_bytes = &raw[start..end];
-        // The values share the head's buffer: no copy per header.
-        let value = HeaderValue::from_maybe_shared(raw.slice(start..end))
-            .map_err(|_| BadResponse("invalid header value"))?;
-        if name == header::CONTENT_LENGTH {
-            lengths += 1;
-            length = Some(content_length(value_bytes)?);
-        } else if name == header::TRANSFER_ENCODING {
-            codings += 1;
-            if !trim_ows(value_bytes).eq_ignore_ascii_case(b"chunked") {
-                return Err(BadResponse("Transfer-Encoding other than a single chunked"));
+    let mut date = false;
+    let mut keepalive_hint = None;
+    let mut keepalive_seen = false;
+    let mut as_received = raw && !head_request;
+    for f in fields.iter() {
+        let value_bytes = &buf[f.value.0..f.value.1];
+        match f.kind {
+            Kind::Plain => {}
+            Kind::Date => date = true,
+            Kind::ContentLength => {
+                lengths += 1;
+                length = Some(content_length(value_bytes)?);
             }
-        } else if name == header::CONNECTION {
-            for token in value_bytes.split(|b| *b == b',') {
-                close |= trim_ows(token).eq_ignore_ascii_case(b"close");
+            Kind::TransferEncoding => {
+                codings += 1;
+                if !trim_ows(value_bytes).eq_ignore_ascii_case(b"chunked") {
+                    return Err(BadResponse("Transfer-Encoding other than a single chunked"));
+                }
             }
+            Kind::Connection => {
+                for token in value_bytes.split(|b| *b == b',') {
+                    let token = trim_ows(token);
+                    if token.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
+                        // It names a field to remove: the map does that.
+                        as_received = false;
+                    }
+                }
+            }
+            Kind::KeepAlive => {
+                if !keepalive_seen {
+                    keepalive_seen = true;
+                    keepalive_hint = crate::pool::keepalive_timeout(value_bytes);
+                }
+            }
+            Kind::OtherHop => as_received = false,
         }
-        headers.append(name, value);
     }
     if lengths > 1 {
         return Err(BadResponse("repeated Content-Length"));
@@ -165,16 +263,14 @@ pub fn parse_with(
     }
     let bodyless =
         head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
+    // A 204 has no content, whatever it declares (RFC 9110 §15.3.5); on a response with a
+    // body, Transfer-Encoding overrides Content-Length (RFC 9112 §6.3 rule 3): the length
+    // goes.
+    let no_content = status == StatusCode::NO_CONTENT;
+    let drop_length = no_content || codings == 1 && !bodyless;
     let framing = if bodyless {
-        if status == StatusCode::NO_CONTENT {
-            // A 204 has no content, whatever it declares (RFC 9110 §15.3.5).
-            headers.remove(header::CONTENT_LENGTH);
-            headers.remove(header::TRANSFER_ENCODING);
-        }
         Framing::Empty
     } else if codings == 1 {
-        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3 rule 3): the length goes.
-        headers.remove(header::CONTENT_LENGTH);
         Framing::Chunked
     } else {
         match length {
@@ -186,16 +282,72 @@ pub fn parse_with(
     // upkeep reuses only HTTP/1.1 connections that did not say close, as before this codec
     // (an HTTP/1.0 `keep-alive` is not trusted); a close-delimited body ends the connection.
     let keep_alive = version == Version::HTTP_11 && !close && framing != Framing::Close;
-    Ok(Parsed::Final(
-        Head {
-            status,
-            version,
-            headers,
-            framing,
-            keep_alive,
-        },
-        len,
-    ))
+    let mut head = Head {
+        status,
+        version,
+        headers: HeaderMap::new(),
+        framing,
+        keep_alive,
+        raw: None,
+    };
+    if as_received {
+        // For what upkeep adds on the way downstream (`keep-alive`, `connection`): a map
+        // kept aside, not a new allocation.
+        head.headers = crate::headers::map_with_capacity(2);
+        head.raw = Some(RawHead {
+            fields: pass_on(buf.split_to(len), fields),
+            date,
+            length: length.filter(|_| !drop_length),
+            chunked: codings == 1 && !no_content,
+            keepalive_hint,
+        });
+        return Ok(Parsed::Final(head, len));
+    }
+    let raw: Bytes = buf.split_to(len).freeze();
+    // Room for what the proxy adds on the way downstream (`keep-alive`, `connection`), so
+    // that the map is not rehashed into a larger table per response.
+    let mut headers = crate::headers::map_with_capacity(fields.len() + 2);
+    for f in fields.iter() {
+        if drop_length && f.kind == Kind::ContentLength
+            || no_content && f.kind == Kind::TransferEncoding
+        {
+            continue;
+        }
+        let name = super::names::header_name(&raw[f.name.0..f.name.1])
+            .map_err(|_| BadResponse("invalid header name"))?;
+        // The values share the head's buffer: no copy per header.
+        let value = HeaderValue::from_maybe_shared(raw.slice(f.value.0..f.value.1))
+            .map_err(|_| BadResponse("invalid header value"))?;
+        headers.append(name, value);
+    }
+    head.headers = headers;
+    Ok(Parsed::Final(head, len))
+}
+
+/// The lines of `head`'s fields that go downstream unchanged, names lowercased, moved
+/// together in place (only those after a dropped line move): the head's own buffer, no copy
+/// elsewhere. Each line runs from its name to the next one's (httparse refuses folded
+/// lines); the last ends before the blank line.
+fn pass_on(mut head: BytesMut, fields: &[Field]) -> Bytes {
+    let end_of_fields = head.len() - 2;
+    let Some(first) = fields.first() else {
+        return Bytes::new();
+    };
+    let mut out = first.name.0;
+    for (i, f) in fields.iter().enumerate() {
+        if !matches!(f.kind, Kind::Plain | Kind::Date) {
+            continue;
+        }
+        let end = fields.get(i + 1).map_or(end_of_fields, |next| next.name.0);
+        head[f.name.0..f.name.1].make_ascii_lowercase();
+        if out != f.name.0 {
+            head.copy_within(f.name.0..end, out);
+        }
+        out += end - f.name.0;
+    }
+    head.truncate(out);
+    head.advance(first.name.0);
+    head.freeze()
 }
 
 fn parse_error(e: httparse::Error) -> &'static str {
@@ -277,11 +429,87 @@ pub fn parse_invariants(data: &[u8]) {
             "prefix {k} says {v}, the whole says {whole}"
         );
     }
+    raw_agrees_with_map(data, head_request);
+}
+
+/// A head passed on as received says what the map of the same head says: the same verdict,
+/// and, when it qualifies, the map's fields but the framing and hop-by-hop ones, names
+/// lowercased, values as httparse reads them; the framing, `Date` and the keep-alive hint
+/// taken aside agree with the map's.
+pub fn raw_agrees_with_map(data: &[u8], head_request: bool) {
+    let map = parse(&mut BytesMut::from(data), head_request);
+    let mut buf = BytesMut::from(data);
+    let raw = parse_with(&mut buf, head_request, &mut Fields::new(), true);
+    let (m, r) = match (map, raw) {
+        (Ok(Parsed::Final(m, n)), Ok(Parsed::Final(r, k))) => {
+            assert_eq!(n, k);
+            assert_eq!(buf.len(), data.len() - n, "the body stays");
+            (m, r)
+        }
+        (m, r) => {
+            assert_eq!(format!("{m:?}"), format!("{r:?}"));
+            return;
+        }
+    };
+    assert_eq!(
+        (m.status, m.version, m.framing, m.keep_alive),
+        (r.status, r.version, r.framing, r.keep_alive)
+    );
+    let Some(raw) = r.raw else {
+        assert_eq!(m.headers, r.headers);
+        return;
+    };
+    assert!(!head_request, "a response to HEAD is never passed on");
+    assert!(r.headers.is_empty());
+    let hop = |n: &str| {
+        matches!(
+            n,
+            "content-length" | "transfer-encoding" | "connection" | "keep-alive"
+        )
+    };
+    let mut want: Vec<(String, Vec<u8>)> = m
+        .headers
+        .iter()
+        .filter(|(n, _)| !hop(n.as_str()))
+        .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    let mut got: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut rest = &raw.fields[..];
+    while !rest.is_empty() {
+        let end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("every line ends in CRLF");
+        let line = &rest[..end];
+        let colon = line.iter().position(|&b| b == b':').expect("a colon");
+        let name = String::from_utf8(line[..colon].to_vec()).expect("a token");
+        assert_eq!(name, name.to_ascii_lowercase(), "names are lowercased");
+        assert!(!hop(&name), "{name} is not passed on");
+        got.push((name, trim_ows(&line[colon + 1..]).to_vec()));
+        rest = &rest[end + 2..];
+    }
+    // The map groups fields by name; the lines keep the order received. Within a name,
+    // both keep it.
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(want, got);
+    let length = m
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .map(|v| content_length(v.as_bytes()).expect("a length the parse took"));
+    assert_eq!(raw.length, length);
+    assert_eq!(
+        raw.chunked,
+        m.headers.contains_key(http::header::TRANSFER_ENCODING)
+    );
+    assert_eq!(raw.date, m.headers.contains_key(http::header::DATE));
+    assert_eq!(raw.keepalive_hint, crate::pool::keepalive_hint(&m.headers));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header;
 
     #[test]
     fn bare_lf_is_found_wherever_it_is_as_a_plain_scan_finds_it() {
@@ -450,5 +678,162 @@ mod tests {
             keepalive_hint(&h.headers),
             Some(std::time::Duration::from_secs(5))
         );
+    }
+
+    fn passed_on(raw: &str, head_request: bool) -> Head {
+        let mut buf = BytesMut::from(raw.as_bytes());
+        match parse_with(&mut buf, head_request, &mut Fields::new(), true).unwrap() {
+            Parsed::Final(h, _) => h,
+            other => panic!("not a final head: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_head_is_passed_on_without_its_framing_and_hop_by_hop_lines() {
+        let raw = "HTTP/1.1 200 OK\r\nServer: T\r\nConnection: keep-alive\r\n\
+                   Keep-Alive: timeout=5, max=9\r\nX-Mixed-Case: A  b\r\nContent-Length: 5\r\n\
+                   Date: x\r\nset-cookie: a=1\r\nSet-Cookie:b=2\r\n\r\nhello";
+        let h = passed_on(raw, false);
+        let r = h.raw.expect("passed on");
+        assert_eq!(
+            std::str::from_utf8(&r.fields).unwrap(),
+            "server: T\r\nx-mixed-case: A  b\r\ndate: x\r\nset-cookie: a=1\r\nset-cookie:b=2\r\n"
+        );
+        assert!(r.date);
+        assert_eq!(r.length, Some(5));
+        assert!(!r.chunked);
+        assert_eq!(r.keepalive_hint, Some(std::time::Duration::from_secs(5)));
+        assert!(h.headers.is_empty());
+        assert!(h.keep_alive);
+        assert_eq!(h.framing, Framing::Length(5));
+        raw_agrees_with_map(raw.as_bytes(), false);
+    }
+
+    #[test]
+    fn what_a_head_passed_on_says_of_its_framing_and_connection() {
+        let h = passed_on(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+        );
+        let r = h.raw.unwrap();
+        assert_eq!((r.length, r.chunked, &r.fields[..]), (None, true, &b""[..]));
+        assert_eq!(h.framing, Framing::Chunked);
+        let h = passed_on(
+            "HTTP/1.1 204 No Content\r\nContent-Length: 4\r\nX-A: 1\r\n\r\n",
+            false,
+        );
+        let r = h.raw.unwrap();
+        assert_eq!(
+            (r.length, r.chunked, &r.fields[..]),
+            (None, false, &b"x-a: 1\r\n"[..])
+        );
+        let h = passed_on(
+            "HTTP/1.1 200 OK\r\nConnection: Keep-Alive, close\r\nContent-Length: 0\r\n\r\n",
+            false,
+        );
+        assert!(!h.keep_alive, "close is read");
+        assert!(!h.raw.unwrap().date);
+        let h = passed_on("HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\n", false);
+        assert_eq!((h.framing, h.keep_alive), (Framing::Close, false));
+        assert_eq!(&h.raw.unwrap().fields[..], b"x-a: 1\r\n");
+    }
+
+    #[test]
+    fn heads_that_need_rewriting_or_answer_head_are_made_into_a_map() {
+        let cases = [
+            ("HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: 1\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nTrailer: X-T\r\nTransfer-Encoding: chunked\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nUpgrade: h2c\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nTE: trailers\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nProxy-Connection: close\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nProxy-Authorization: x\r\nContent-Length: 0\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\n", true),
+        ];
+        for (raw, head_request) in cases {
+            let h = passed_on(raw, head_request);
+            assert!(h.raw.is_none(), "{raw:?}");
+            assert!(!h.headers.is_empty(), "{raw:?}");
+            raw_agrees_with_map(raw.as_bytes(), head_request);
+        }
+        // Not asked for: never passed on.
+        let (h, _) = final_head(
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert!(h.raw.is_none());
+        assert_eq!(h.headers["x-a"], "1");
+    }
+
+    /// Generated heads: every kind of field in any case, with odd spacing, repeated, in any
+    /// order, with and without a body, to HEAD and to GET.
+    #[test]
+    fn heads_passed_on_agree_with_their_maps_on_generated_heads() {
+        const NAMES: &[&str] = &[
+            "Content-Length",
+            "Transfer-Encoding",
+            "Connection",
+            "Keep-Alive",
+            "Date",
+            "Trailer",
+            "TE",
+            "Upgrade",
+            "Proxy-Connection",
+            "Set-Cookie",
+            "X-A",
+            "x-b",
+            "SERVER",
+            "Content-Type",
+            "Cache-Control",
+        ];
+        const VALUES: &[&str] = &[
+            "0",
+            "5",
+            "chunked",
+            "close",
+            "keep-alive",
+            "Keep-Alive, close",
+            "x-a",
+            "timeout=7",
+            "timeout=\"3\", max=2",
+            "a  b",
+            "",
+            "gzip",
+            "x-b, keep-alive",
+            "caf\u{e9}",
+        ];
+        const STATUS: &[&str] = &[
+            "200 OK",
+            "204 No Content",
+            "304 Not Modified",
+            "404 Nope",
+            "101 Up",
+            "103 Hints",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..20_000 {
+            let mut head = format!("HTTP/1.{} {}\r\n", next(2), STATUS[next(STATUS.len())]);
+            for _ in 0..next(7) {
+                let mut name = NAMES[next(NAMES.len())].to_owned();
+                if next(3) == 0 {
+                    name = name.to_ascii_lowercase();
+                }
+                let space = [" ", "", "  ", "\t"][next(4)];
+                head.push_str(&format!(
+                    "{name}:{space}{}{space}\r\n",
+                    VALUES[next(VALUES.len())]
+                ));
+            }
+            head.push_str("\r\nbody");
+            let data = head.as_bytes();
+            raw_agrees_with_map(data, next(4) == 0);
+        }
     }
 }

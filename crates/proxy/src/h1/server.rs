@@ -173,7 +173,7 @@ where
         let written = Box::into_pin(Box::write(Box::new_uninit(), async {
             let resp = {
                 let mut handling =
-                    std::pin::pin!(crate::proxy::handle_with(request, ctx.clone(), present));
+                    std::pin::pin!(crate::proxy::handle_with(request, ctx.clone(), present, true));
                 loop {
                     // The answer first, when the client also left meanwhile.
                     tokio::select! {

@@ -179,3 +179,99 @@ fn dechunk(mut s: &str) -> Option<String> {
         s = rest.get(n..)?.strip_prefix("\r\n")?;
     }
 }
+
+/// `curl -si [OPTION..] URL`: the head and body as the client got them.
+async fn curl_head_and_body(args: &str) -> (Vec<String>, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new("curl")
+            .args(["-si", "--max-time", "5"])
+            .args(args.split(' '))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("curl finishes")
+    .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head");
+    (
+        head.split("\r\n").map(str::to_owned).collect(),
+        body.to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_response_head_reaches_the_client_as_received_less_its_hop_by_hop_fields() {
+    let responses = Arc::new(vec![
+        b"HTTP/1.1 200 OK\r\nServer: T\r\nSet-Cookie: a=1\r\nConnection: keep-alive\r\n\
+          Keep-Alive: timeout=5\r\nX-Mixed-Case: A  b\r\nDate: Mon, 30 Nov 2026 00:00:00 GMT\r\n\
+          Set-Cookie: b=2\r\nContent-Length: 5\r\n\r\nhello"
+            .to_vec(),
+        // `Connection` names a field: it goes, with the field it names.
+        b"HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: 1\r\nX-Kept: 2\r\n\
+          Content-Length: 2\r\n\r\nok"
+            .to_vec(),
+    ]);
+    let addr = backend(responses).await;
+    let up = upkeep(&one_group(&[addr], "")).await;
+    let base = format!("http://{}", up.listeners[0]);
+
+    let (head, body) = curl_head_and_body(&format!("{base}/0")).await;
+    assert_eq!(body, "hello");
+    assert_eq!(head[0], "HTTP/1.1 200 OK");
+    let upstream: Vec<&str> = head[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("keep-alive:"))
+        .collect();
+    assert_eq!(
+        upstream,
+        [
+            "server: T",
+            "set-cookie: a=1",
+            "x-mixed-case: A  b",
+            "date: Mon, 30 Nov 2026 00:00:00 GMT",
+            "set-cookie: b=2",
+            "content-length: 5",
+        ],
+        "the upstream's fields in their order, names lowercased, one date: {head:?}"
+    );
+    let keepalive: Vec<&String> = head
+        .iter()
+        .filter(|l| l.starts_with("keep-alive:"))
+        .collect();
+    assert_eq!(keepalive.len(), 1, "upkeep's own keep-alive only: {head:?}");
+    assert_ne!(keepalive[0], "keep-alive: timeout=5", "{head:?}");
+
+    // To an HTTP/2 client (hyper writes the response from its map): every field of the
+    // upstream but the hop-by-hop ones (in the map's order: compared sorted).
+    let (head, body) = curl_head_and_body(&format!("--http2-prior-knowledge {base}/0")).await;
+    assert_eq!(body, "hello");
+    assert_eq!(head[0].trim_end(), "HTTP/2 200");
+    let mut fields: Vec<&str> = head[1..].iter().map(String::as_str).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "content-length: 5",
+            "date: Mon, 30 Nov 2026 00:00:00 GMT",
+            "server: T",
+            "set-cookie: a=1",
+            "set-cookie: b=2",
+            "x-mixed-case: A  b",
+        ],
+        "{head:?}"
+    );
+
+    let (head, body) = curl_head_and_body(&format!("{base}/1")).await;
+    assert_eq!(body, "ok");
+    let lower: Vec<String> = head.iter().map(|l| l.to_ascii_lowercase()).collect();
+    assert!(lower.iter().any(|l| l == "x-kept: 2"), "{head:?}");
+    assert!(
+        !lower
+            .iter()
+            .any(|l| l.starts_with("x-secret") || l.starts_with("connection")),
+        "{head:?}"
+    );
+}

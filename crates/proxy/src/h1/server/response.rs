@@ -44,13 +44,13 @@ enum Enc {
 }
 
 /// What is known of the body's length before it is read (hyper's `BodyLength`).
+#[derive(Clone, Copy)]
 enum Known {
     None,
     Exact(u64),
     Unknown,
 }
 
-/// `n` in base `radix` (10 or 16), as ASCII digits.
 /// Whether an upstream trailer field may go on in the chunked trailer section. Every field
 /// passes, declared in `Trailer` or not (an HTTP/2 upstream declares none ahead: gRPC's
 /// custom trailing metadata is only known at the end), except those that frame, route or
@@ -69,8 +69,14 @@ fn fit_for_trailer(name: &HeaderName) -> bool {
         && name != "proxy-connection"
 }
 
-fn put_num(out: &mut BytesMut, mut n: u64, radix: u64) {
+/// Writes `n` in base `radix` (10 or 16), as ASCII digits.
+fn put_num(out: &mut BytesMut, n: u64, radix: u64) {
     let mut digits = [0u8; 20];
+    out.put_slice(num(n, radix, &mut digits));
+}
+
+/// `n` in base `radix` (10 or 16), as ASCII digits at the end of `digits`.
+fn num(mut n: u64, radix: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut i = digits.len();
     loop {
         i -= 1;
@@ -80,7 +86,7 @@ fn put_num(out: &mut BytesMut, mut n: u64, radix: u64) {
             break;
         }
     }
-    out.put_slice(&digits[i..]);
+    &digits[i..]
 }
 
 /// The per-second `Date` value, made once a second per serving thread.
@@ -99,6 +105,106 @@ fn date(out: &mut BytesMut) {
         }
         out.put_slice(d.1.as_bytes());
     });
+}
+
+/// The response head's fields on their way out, and what they decided.
+struct Fields<'a> {
+    /// The body's framing, once a field set it.
+    enc: Option<Enc>,
+    wrote_date: bool,
+    /// The `Connection` values, said together at the end.
+    connection: BytesMut,
+    te_chunked_last: bool,
+    /// A `transfer-encoding` line is open (more codings may join it).
+    te_written: bool,
+    keep_alive: bool,
+    known: Known,
+    req: &'a Answering,
+    can_chunk: bool,
+}
+
+impl Fields<'_> {
+    /// Writes one field, or takes what it says (framing, `Connection`) for the end of the
+    /// head.
+    fn put(&mut self, wbuf: &mut BytesMut, name: &HeaderName, value: &[u8]) -> io::Result<()> {
+        match *name {
+            header::CONTENT_LENGTH => {
+                if self.enc.is_some() && !matches!(self.enc, Some(Enc::Length(_))) {
+                    return Ok(());
+                }
+                match self.known {
+                    Known::Exact(n) => {
+                        if self.enc.is_some() {
+                            return Ok(());
+                        }
+                        self.enc = Some(Enc::Length(n));
+                    }
+                    Known::Unknown => {
+                        if self.enc.is_some() {
+                            return Ok(());
+                        }
+                        let Some(n) = std::str::from_utf8(value)
+                            .ok()
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                        else {
+                            return Err(io::Error::other("invalid Content-Length in a response"));
+                        };
+                        self.enc = Some(Enc::Length(n));
+                    }
+                    // No body: the field stays only on a response to HEAD.
+                    Known::None if !self.req.head_method => return Ok(()),
+                    Known::None => self.enc = Some(Enc::Length(0)),
+                }
+            }
+            header::TRANSFER_ENCODING => {
+                if self.req.http10 || !self.can_chunk || matches!(self.enc, Some(Enc::Length(_))) {
+                    return Ok(());
+                }
+                self.enc = Some(Enc::Chunked);
+                self.te_chunked_last = value
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|t| crate::h1::head::trim_ows(t).eq_ignore_ascii_case(b"chunked"));
+                wbuf.put_slice(if self.te_written {
+                    &b", "[..]
+                } else {
+                    &b"transfer-encoding: "[..]
+                });
+                wbuf.put_slice(value);
+                self.te_written = true;
+                return Ok(());
+            }
+            header::CONNECTION => {
+                for t in value.split(|&b| b == b',') {
+                    if crate::h1::head::trim_ows(t).eq_ignore_ascii_case(b"close") {
+                        self.keep_alive = false;
+                    }
+                }
+                if !self.connection.is_empty() {
+                    self.connection.put_slice(b", ");
+                }
+                self.connection.put_slice(value);
+                return Ok(());
+            }
+            header::DATE => self.wrote_date = true,
+            header::TRAILER if self.req.http10 || !self.can_chunk => return Ok(()),
+            _ => {}
+        }
+        if self.te_written {
+            // The transfer-encoding line is ended before any other field.
+            if !self.te_chunked_last {
+                wbuf.put_slice(b", chunked");
+            }
+            wbuf.put_slice(b"\r\n");
+            self.te_written = false;
+            self.te_chunked_last = true;
+        }
+        wbuf.put_slice(name.as_str().as_bytes());
+        wbuf.put_slice(b": ");
+        wbuf.put_slice(value);
+        wbuf.put_slice(b"\r\n");
+        Ok(())
+    }
 }
 
 /// Writes `resp`; `Ok(true)` when the connection may carry another request.
@@ -125,7 +231,7 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
             None => Known::Unknown,
         }
     };
-    let mut keep_alive = req.keep_alive;
+    let keep_alive = req.keep_alive;
 
     wbuf.clear();
     if status == StatusCode::OK {
@@ -137,96 +243,46 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
         wbuf.put_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
         wbuf.put_slice(b"\r\n");
     }
-    let mut enc: Option<Enc> = None;
-    let mut wrote_date = false;
-    let mut connection = BytesMut::new();
-    let mut te_chunked_last = true;
-    let mut te_written = false;
-    for (name, value) in &parts.headers {
-        match *name {
-            header::CONTENT_LENGTH => {
-                if enc.is_some() && !matches!(enc, Some(Enc::Length(_))) {
-                    continue;
-                }
-                match known {
-                    Known::Exact(n) => {
-                        if enc.is_some() {
-                            continue;
-                        }
-                        enc = Some(Enc::Length(n));
-                    }
-                    Known::Unknown => {
-                        if enc.is_some() {
-                            continue;
-                        }
-                        let Some(n) = std::str::from_utf8(value.as_bytes())
-                            .ok()
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                        else {
-                            return Err(io::Error::other("invalid Content-Length in a response"));
-                        };
-                        enc = Some(Enc::Length(n));
-                    }
-                    // No body: the field stays only on a response to HEAD.
-                    Known::None if !req.head_method => continue,
-                    Known::None => enc = Some(Enc::Length(0)),
-                }
-            }
-            header::TRANSFER_ENCODING => {
-                if req.http10 || !can_chunk || matches!(enc, Some(Enc::Length(_))) {
-                    continue;
-                }
-                enc = Some(Enc::Chunked);
-                te_chunked_last = value
-                    .as_bytes()
-                    .rsplit(|&b| b == b',')
-                    .next()
-                    .is_some_and(|t| crate::h1::head::trim_ows(t).eq_ignore_ascii_case(b"chunked"));
-                wbuf.put_slice(if te_written {
-                    &b", "[..]
-                } else {
-                    &b"transfer-encoding: "[..]
-                });
-                wbuf.put_slice(value.as_bytes());
-                te_written = true;
-                continue;
-            }
-            header::CONNECTION => {
-                for t in value.as_bytes().split(|&b| b == b',') {
-                    if crate::h1::head::trim_ows(t).eq_ignore_ascii_case(b"close") {
-                        keep_alive = false;
-                    }
-                }
-                if !connection.is_empty() {
-                    connection.put_slice(b", ");
-                }
-                connection.put_slice(value.as_bytes());
-                continue;
-            }
-            header::DATE => wrote_date = true,
-            header::TRAILER if req.http10 || !can_chunk => continue,
-            _ => {}
+    let mut head = Fields {
+        enc: None,
+        wrote_date: false,
+        connection: BytesMut::new(),
+        te_chunked_last: true,
+        te_written: false,
+        keep_alive,
+        known,
+        req,
+        can_chunk,
+    };
+    if let Some(raw) = body.take_raw_head() {
+        // The upstream's fields as received (no framing or hop-by-hop one among them), then
+        // its framing fields through the same rules as a map's.
+        wbuf.put_slice(&raw.fields);
+        head.wrote_date = raw.date;
+        if let Some(n) = raw.length {
+            let mut digits = [0u8; 20];
+            head.put(wbuf, &header::CONTENT_LENGTH, num(n, 10, &mut digits))?;
         }
-        if te_written {
-            // The transfer-encoding line is ended before any other field.
-            if !te_chunked_last {
-                wbuf.put_slice(b", chunked");
-            }
-            wbuf.put_slice(b"\r\n");
-            te_written = false;
-            te_chunked_last = true;
+        if raw.chunked {
+            head.put(wbuf, &header::TRANSFER_ENCODING, b"chunked")?;
         }
-        wbuf.put_slice(name.as_str().as_bytes());
-        wbuf.put_slice(b": ");
-        wbuf.put_slice(value.as_bytes());
-        wbuf.put_slice(b"\r\n");
     }
-    if te_written {
-        if !te_chunked_last {
+    for (name, value) in &parts.headers {
+        head.put(wbuf, name, value.as_bytes())?;
+    }
+    if head.te_written {
+        if !head.te_chunked_last {
             wbuf.put_slice(b", chunked");
         }
         wbuf.put_slice(b"\r\n");
     }
+    let Fields {
+        enc,
+        wrote_date,
+        connection,
+        mut keep_alive,
+        ..
+    } = head;
     // The fields are in the head now: the map's memory serves the next message.
     crate::headers::recycle_map(parts.headers);
     let mut enc = match enc {
