@@ -195,7 +195,12 @@ pub fn parse_with(
         return Err(BadResponse("response head too large"));
     }
     // httparse takes a bare LF as a line end; a hop that does not would frame it otherwise.
-    if has_bare_lf(&buf[..len]) {
+    let bare_lf = if (100..200).contains(&code) {
+        has_bare_lf(&buf[..len])
+    } else {
+        bare_lf_at_line_ends(&buf[..len], fields)
+    };
+    if bare_lf {
         return Err(BadResponse("bare LF line ending"));
     }
     let status = StatusCode::from_u16(code).map_err(|_| BadResponse("invalid status code"))?;
@@ -376,6 +381,23 @@ pub(crate) fn has_bare_lf(head: &[u8]) -> bool {
     // Only the LFs are looked at (found many bytes at a time): a byte-at-a-time scan of
     // every head was about 0.5k instructions per response.
     memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
+/// [`has_bare_lf`] for a complete head whose `fields` httparse found, looking only where the
+/// line ends are: every line but the status line starts right after an LF (each field's
+/// line, then the blank line), and httparse allows an LF nowhere else (not in a value, a
+/// name or a reason phrase; a folded line is refused), except in empty lines before the
+/// status line, which it skips: a head that does not start with its status line is scanned
+/// whole. Per response this is a look at one byte per field, where the scan found every LF.
+pub(crate) fn bare_lf_at_line_ends(head: &[u8], fields: &[Field]) -> bool {
+    let len = head.len();
+    if len < 4 || head[0] != b'H' {
+        return has_bare_lf(head);
+    }
+    // The line that ends right before `start` ends in a bare LF.
+    let bare_before = |start: usize| start < 2 || head[start - 2] != b'\r';
+    // The blank line is the last two bytes (CRLF), or a bare LF.
+    head[len - 2] != b'\r' || bare_before(len - 2) || fields.iter().any(|f| bare_before(f.name.0))
 }
 
 /// `v` without the optional whitespace (SP, HTAB) around it (RFC 9110 §5.6.3).
@@ -835,5 +857,44 @@ mod tests {
             let data = head.as_bytes();
             raw_agrees_with_map(data, next(4) == 0);
         }
+    }
+
+    /// The look at the line ends finds a bare LF exactly where a scan of the whole head does:
+    /// every byte of a few heads set to LF, CR, a space or a letter in turn.
+    #[test]
+    fn a_bare_lf_is_found_at_the_line_ends_as_a_whole_scan_finds_it() {
+        let heads: &[&[u8]] = &[
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A:  b  \r\nX-Empty:\r\n\r\nhello",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.0 404 \r\nX-A: 1\r\n\r\n",
+            b"\r\nHTTP/1.1 200 OK\r\nX-A: 1\r\n\r\n",
+            b"HTTP/1.1 100 Continue\r\nX-A: 1\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
+        ];
+        let mut checked = 0;
+        for head in heads {
+            for i in 0..head.len() {
+                for b in [b'\n', b'\r', b' ', b'x'] {
+                    let mut data = head.to_vec();
+                    data[i] = b;
+                    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    let mut resp = httparse::Response::new(&mut slots);
+                    let Ok(httparse::Status::Complete(len)) = resp.parse(&data) else {
+                        continue;
+                    };
+                    checked += 1;
+                    let refused = matches!(
+                        parse(&mut BytesMut::from(&data[..]), false),
+                        Err(BadResponse("bare LF line ending"))
+                    );
+                    assert_eq!(
+                        refused,
+                        has_bare_lf(&data[..len]),
+                        "byte {i} of {:?} set to {b}",
+                        String::from_utf8_lossy(head)
+                    );
+                }
+            }
+        }
+        assert!(checked > 250, "only {checked} complete heads");
     }
 }
