@@ -255,6 +255,7 @@ impl Conn {
 
 struct Idle {
     conn: Conn,
+    /// The idle timeout's end, or the end of the connection's `max_age` if sooner.
     deadline: Instant,
 }
 
@@ -371,9 +372,7 @@ impl Pool {
             while let Some(entry) = list.pop() {
                 self.metrics.pool_idle.dec();
                 entry.conn.left_idle();
-                if now >= entry.deadline
-                    || now.duration_since(entry.conn.created) >= self.cfg.max_age
-                {
+                if now >= entry.deadline {
                     self.metrics.pool_event("expired");
                     discarded.push(entry);
                 } else if entry.conn.sender.is_closed()
@@ -606,10 +605,12 @@ impl Pool {
     /// thread's oldest idle connection to the peer makes way, or `conn` is closed.
     fn put(&self, conn: Conn, idle_timeout: Duration) {
         let now = Instant::now();
+        // `None`: an age that cannot be reached (the deadline is the idle timeout's).
+        let retire = conn.created.checked_add(self.cfg.max_age);
         if idle_timeout.is_zero()
             || conn.is_h2()
             || self.cfg.max_idle_per_peer == 0
-            || now.duration_since(conn.created) >= self.cfg.max_age
+            || retire.is_some_and(|r| now >= r)
             || conn.sender.is_closed()
         {
             return;
@@ -636,9 +637,11 @@ impl Pool {
                 evicted = Some(list.remove(0));
                 self.metrics.pool_idle.dec();
             }
+            // One deadline for both limits: a check-out compares it alone.
+            let idle_end = now + idle_timeout;
             list.push(Idle {
                 conn,
-                deadline: now + idle_timeout,
+                deadline: retire.map_or(idle_end, |r| r.min(idle_end)),
             });
             self.metrics.pool_idle.inc();
         }

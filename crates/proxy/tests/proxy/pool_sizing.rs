@@ -178,3 +178,32 @@ async fn max_idle_per_peer_holds_across_two_serving_threads() {
         "still within the cap after reuse"
     );
 }
+
+/// `max_age` (docs/pooling.md): a connection is reused while younger, never after; and one
+/// that reaches it while idle is closed by the pool's sweep without waiting for a request
+/// (its idle deadline is the sooner of the two limits).
+#[tokio::test]
+async fn a_pooled_connection_is_reused_until_its_max_age_and_closed_idle_after_it() {
+    let b = TestBackend::start("b").await;
+    let up = upkeep(&one_group(
+        &[b.addr()],
+        "[groups.app.pool]\nidle_timeout = \"60s\"\nmax_age = \"700ms\"\n",
+    ))
+    .await;
+    let addr = up.listeners[0];
+    assert_eq!(get(addr, "pool.test", "/1").await.status, 200);
+    assert_eq!(get(addr, "pool.test", "/2").await.status, 200);
+    assert_eq!(b.connections(), 1, "reused while younger than max_age");
+    assert_eq!(idle_connections(up.admin, b.addr()).await, 1);
+
+    // Past max_age, with a 60 s idle timeout: the sweep closes it.
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        while idle_connections(up.admin, b.addr()).await != 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the aged idle connection stays in the pool");
+    assert_eq!(get(addr, "pool.test", "/3").await.status, 200);
+    assert_eq!(b.connections(), 2, "not reused past max_age");
+}
