@@ -281,6 +281,9 @@ pub struct RespBody {
     /// whole call: at it the upstream stream is dropped (reset) and the call ends with
     /// `DEADLINE_EXCEEDED` trailers.
     call_deadline: Option<Pin<Box<Sleep>>>,
+    /// The handler wants the connection's `Keep-Alive: timeout=N` said with this response,
+    /// and left it to upkeep's own HTTP/1 server to write (no field in the map).
+    keepalive_hint: bool,
 }
 
 enum Inner {
@@ -357,6 +360,7 @@ impl RespBody {
             cut: None,
             on_done: None,
             call_deadline: None,
+            keepalive_hint: false,
         }
     }
 
@@ -371,6 +375,17 @@ impl RespBody {
     }
 
     /// Registers what happens when the body is finished.
+    /// Asks upkeep's own HTTP/1 server to say the connection's `Keep-Alive: timeout=N` with
+    /// this response (where a map would have carried the field: after the others).
+    pub(crate) fn hint_keepalive(&mut self) {
+        self.keepalive_hint = true;
+    }
+
+    /// Whether the own HTTP/1 server is to say `Keep-Alive: timeout=N`.
+    pub(crate) fn keepalive_hinted(&self) -> bool {
+        self.keepalive_hint
+    }
+
     pub fn on_done(&mut self, f: Box<dyn OnDone>) {
         self.on_done = Some(f);
     }

@@ -134,11 +134,17 @@ pub async fn handle_with(
     };
     let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     if (version == Version::HTTP_11 || version == Version::HTTP_10) && !switching {
-        let h = resp.headers_mut();
         if shared.is_draining() {
-            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         } else if hint_keepalive {
-            h.insert(KEEP_ALIVE, ctx.keepalive.clone());
+            if own_writer {
+                // Written by the server after the map's fields, where the map would have
+                // put it: no insert (a hash and a probe) per response.
+                resp.body_mut().hint_keepalive();
+            } else {
+                resp.headers_mut().insert(KEEP_ALIVE, ctx.keepalive.clone());
+            }
         }
     }
     let status = resp.status();

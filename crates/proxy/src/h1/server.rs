@@ -203,6 +203,7 @@ where
                 http10,
                 head_method,
                 accepts_trailers,
+                keepalive: &ctx.keepalive,
             };
             if wbuf.capacity() == 0 {
                 wbuf = take_spare();

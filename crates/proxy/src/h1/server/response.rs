@@ -13,7 +13,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderName};
+use http::header::{self, HeaderName, HeaderValue};
+
+use crate::headers::KEEP_ALIVE;
 use http::{Response, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -23,7 +25,7 @@ use crate::body::RespBody;
 use crate::listener::ConnActivity;
 
 /// What the writer needs to know of the request the response answers.
-pub(crate) struct Answering {
+pub(crate) struct Answering<'a> {
     /// The response may leave the connection open (the client and the drain rules allow it).
     pub keep_alive: bool,
     /// The client speaks HTTP/1.0: no chunked body; keep-alive said with `Connection`.
@@ -32,6 +34,9 @@ pub(crate) struct Answering {
     pub head_method: bool,
     /// The client sent `TE: trailers`.
     pub accepts_trailers: bool,
+    /// The connection's `Keep-Alive` value (`timeout=N`), said when the handler asks for it
+    /// (`RespBody::keepalive_hinted`).
+    pub keepalive: &'a HeaderValue,
 }
 
 /// How the body goes out.
@@ -119,7 +124,7 @@ struct Fields<'a> {
     te_written: bool,
     keep_alive: bool,
     known: Known,
-    req: &'a Answering,
+    req: &'a Answering<'a>,
     can_chunk: bool,
 }
 
@@ -213,7 +218,7 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
     wbuf: &mut BytesMut,
     pending: &mut Vec<Bytes>,
     resp: Response<RespBody>,
-    req: &Answering,
+    req: &Answering<'_>,
     send_timeout: Duration,
     activity: &ConnActivity,
 ) -> io::Result<bool> {
@@ -269,6 +274,9 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
     }
     for (name, value) in &parts.headers {
         head.put(wbuf, name, value.as_bytes())?;
+    }
+    if body.keepalive_hinted() {
+        head.put(wbuf, &KEEP_ALIVE, req.keepalive.as_bytes())?;
     }
     if head.te_written {
         if !head.te_chunked_last {
@@ -545,7 +553,7 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
-    async fn written(resp: Response<RespBody>, req: Answering) -> (String, bool) {
+    async fn written(resp: Response<RespBody>, req: Answering<'_>) -> (String, bool) {
         let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
         let wire = Shared::new(ours, BytesMut::new());
         let activity = ConnActivity::for_tests();
@@ -567,13 +575,36 @@ mod tests {
         (String::from_utf8(out).unwrap(), keep)
     }
 
-    fn answering(http10: bool, keep_alive: bool, head_method: bool) -> Answering {
+    static KEEPALIVE: HeaderValue = HeaderValue::from_static("timeout=7");
+
+    fn answering(http10: bool, keep_alive: bool, head_method: bool) -> Answering<'static> {
         Answering {
             keep_alive,
             http10,
             head_method,
             accepts_trailers: false,
+            keepalive: &KEEPALIVE,
         }
+    }
+
+    #[tokio::test]
+    async fn the_keepalive_hint_asked_for_is_said_after_the_maps_fields() {
+        let mut resp = Response::new(RespBody::full("hi"));
+        resp.headers_mut()
+            .insert("x-a", HeaderValue::from_static("1"));
+        resp.body_mut().hint_keepalive();
+        let (out, keep) = written(resp, answering(false, true, false)).await;
+        assert!(
+            out.contains("\r\nx-a: 1\r\nkeep-alive: timeout=7\r\n"),
+            "{out}"
+        );
+        assert!(keep);
+        let (out, _) = written(
+            Response::new(RespBody::full("hi")),
+            answering(false, true, false),
+        )
+        .await;
+        assert!(!out.contains("keep-alive"), "not asked for: {out}");
     }
 
     #[tokio::test]
