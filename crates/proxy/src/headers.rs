@@ -33,19 +33,23 @@ pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
     h.keys().any(is_hop_by_hop)
 }
 
-/// Fields upkeep adds to a request on its way upstream (the forwarding headers) that the
-/// request did not carry, kept beside its map instead of inserted into it (a hash of the name
+/// Fields upkeep adds to a request on its way upstream (a new `x-request-id`, the forwarding
+/// headers) that the request did not carry, kept beside its map instead of inserted into it (a hash of the name
 /// and a probe each, and a map decoded from HTTP/2 grows for them). upkeep's own HTTP/1 codec
 /// writes them after the map's fields; every other path puts them in the map first, at its
 /// end, so both send the same fields in the same order.
 #[derive(Clone, Debug, Default)]
 pub struct Added {
-    fields: [Option<(HeaderName, HeaderValue)>; 3],
+    /// A new `x-request-id`, and at most three forwarding fields (`x-forwarded-*`).
+    fields: [Option<(HeaderName, HeaderValue)>; 4],
 }
 
 impl Added {
-    fn push(&mut self, name: HeaderName, value: HeaderValue) {
-        if let Some(slot) = self.fields.iter_mut().find(|f| f.is_none()) {
+    /// Adds a field after those already added.
+    pub(crate) fn push(&mut self, name: HeaderName, value: HeaderValue) {
+        let slot = self.fields.iter_mut().find(|f| f.is_none());
+        debug_assert!(slot.is_some(), "more added fields than room for them");
+        if let Some(slot) = slot {
             *slot = Some((name, value));
         }
     }

@@ -90,23 +90,30 @@ pub async fn handle_with(
     // For the warnings below (a shared copy: no allocation); the access log takes its own.
     let uri = req.uri().clone();
     let path = logged_path(&uri);
-    if present.has(Present::X_REQUEST_ID) {
+    // A new id goes out beside the map (`Added`), not into it: an insert is a hash of the
+    // custom name and a probe.
+    let new_id = if present.has(Present::X_REQUEST_ID) {
         request_id::ensure_present(req.headers_mut());
+        None
     } else {
-        request_id::insert_new(req.headers_mut());
-    }
+        Some(request_id::generate())
+    };
     // What only the access log needs is made only while it is on.
     let head = shared
         .access_log
         .is_on()
-        .then(|| logged_text(&req, &method, path));
+        .then(|| logged_text(&req, &method, path, new_id.as_ref()));
     let grpc = present.has(Present::CONTENT_TYPE) && crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
-    let result = caught_forward(
-        req, present, grpc, own_writer, &ctx, &state, &bytes_in, &mut info,
-    )
+    let found = Found {
+        present,
+        grpc,
+        own_writer,
+        new_id,
+    };
+    let result = caught_forward(req, found, &ctx, &state, &bytes_in, &mut info)
         .await
         .unwrap_or_else(|Panicked(why)| {
             tracing::error!(cause = "internal", panic = %why, method = %method, path = %path, "request handler panicked; answered 500");
@@ -251,11 +258,17 @@ fn millis(d: Duration) -> f64 {
 /// What the access log keeps from the request head before the request moves on, in one
 /// buffer with room for the route and group it adds at the end. The host is as received:
 /// routing uses the validated and normalised forms.
-fn logged_text<B>(req: &Request<B>, method: &Method, path: &str) -> Text {
+fn logged_text<B>(
+    req: &Request<B>,
+    method: &Method,
+    path: &str,
+    new_id: Option<&HeaderValue>,
+) -> Text {
     let host = request_host(req).unwrap_or_default();
     // One pass over the fields (a request has few) rather than a lookup by name for each;
     // the first of repeated fields, as a lookup would give.
-    let (mut request_id, mut user_agent, mut referer) = (None, None, None);
+    let (mut request_id, mut user_agent, mut referer) =
+        (new_id.map(HeaderValue::as_bytes), None, None);
     for (name, value) in req.headers() {
         let slot = if name == header::USER_AGENT {
             &mut user_agent
@@ -452,33 +465,44 @@ impl Outgoing {
 /// `forward` under the panic boundary. A plain function, so that the handler's future holds
 /// the request's future once (passed to `CatchPanic::new` from an `async fn`, it would be
 /// held twice: the argument and the awaited value).
-#[allow(clippy::too_many_arguments)]
 fn caught_forward<'a>(
     req: Request<DownBody>,
-    present: Present,
-    grpc: bool,
-    own_writer: bool,
+    found: Found,
     ctx: &'a ConnCtx,
     state: &'a State,
     bytes_in: &'a Arc<AtomicU64>,
     info: &'a mut AttemptInfo,
 ) -> CatchPanic<impl std::future::Future<Output = Result<Response<RespBody>, ProxyError>> + 'a> {
-    CatchPanic::new(forward(
-        req, present, grpc, own_writer, ctx, state, bytes_in, info,
-    ))
+    CatchPanic::new(forward(req, found, ctx, state, bytes_in, info))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the handler found out about a request before forwarding it.
+struct Found {
+    /// Which of the fields the request path reads it carries.
+    present: Present,
+    /// A gRPC call.
+    grpc: bool,
+    /// The response goes to upkeep's own HTTP/1 server (see [`handle_with`]).
+    own_writer: bool,
+    /// The `x-request-id` made for a request that came without one; it goes upstream with
+    /// the fields upkeep adds (`Added`).
+    new_id: Option<HeaderValue>,
+}
+
 async fn forward(
     req: Request<DownBody>,
-    present: Present,
-    grpc: bool,
-    own_writer: bool,
+    found: Found,
     ctx: &ConnCtx,
     state: &State,
     bytes_in: &Arc<AtomicU64>,
     info: &mut AttemptInfo,
 ) -> Result<Response<RespBody>, ProxyError> {
+    let Found {
+        present,
+        grpc,
+        own_writer,
+        new_id,
+    } = found;
     if req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_none() {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
@@ -522,6 +546,7 @@ async fn forward(
         let id = req
             .headers()
             .get(&request_id::X_REQUEST_ID)
+            .or(new_id.as_ref())
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
@@ -595,6 +620,10 @@ async fn forward(
         message::join_cookie_crumbs(&mut headers);
     }
     let mut added = Added::default();
+    if let Some(id) = new_id {
+        // First, where the map's insert put it: before the forwarding fields.
+        added.push(request_id::X_REQUEST_ID, id);
+    }
     let trusted = ctx
         .listener
         .trusted_proxies

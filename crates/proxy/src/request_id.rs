@@ -32,11 +32,6 @@ pub fn ensure_present(headers: &mut HeaderMap) {
     headers.insert(X_REQUEST_ID, generate());
 }
 
-/// Gives `headers`, known to hold no `x-request-id`, a new one.
-pub fn insert_new(headers: &mut HeaderMap) {
-    headers.insert(X_REQUEST_ID, generate());
-}
-
 /// Printable and safe in any log format: letters, digits and `-_.:+/=@`, at most 128 bytes.
 fn is_valid(v: &[u8]) -> bool {
     !v.is_empty()
@@ -46,7 +41,7 @@ fn is_valid(v: &[u8]) -> bool {
 }
 
 /// 128 random bits as 32 lower-case hex digits, like nginx's `$request_id`.
-fn generate() -> HeaderValue {
+pub fn generate() -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n: u128 = rand::random();
     let mut buf = [0u8; 32];

@@ -51,6 +51,13 @@ async fn concurrent_requests_share_one_http2_upstream_connection() {
     assert_eq!(uri.authority().map(|a| a.as_str()), Some("h2.test"));
     assert_eq!(uri.scheme_str(), Some("http"));
     assert!(headers.get("host").is_none(), "Host travels as :authority");
+    // The fields upkeep adds travel too: the id it made, and the forwarding fields.
+    for (_, _, headers) in heads.iter() {
+        let ids: Vec<_> = headers.get_all("x-request-id").iter().collect();
+        assert_eq!(ids.len(), 1, "{headers:?}");
+        assert_eq!(ids[0].len(), 32, "{headers:?}");
+        assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{headers:?}");
+    }
 }
 
 #[tokio::test]

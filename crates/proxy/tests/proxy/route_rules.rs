@@ -555,3 +555,32 @@ group = "app"
         ruled.head
     );
 }
+
+/// A request that came without an `x-request-id` gets one made by upkeep: it goes upstream
+/// once, and `{request_id}` in a route's templates is that id.
+#[tokio::test]
+async fn a_made_request_id_goes_upstream_once_and_fills_the_placeholder() {
+    let b = RawBackend::start(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let routes = r#"
+[[route]]
+group = "app"
+request_headers = { set = { "x-trace" = "id={request_id}" } }
+"#;
+    let up = upkeep(&config(b.addr(), routes)).await;
+    let resp = exchange(
+        up.listeners[0],
+        b"GET /r HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
+    let seen = &b.seen()[0];
+    let ids = seen.values("x-request-id");
+    assert_eq!(ids.len(), 1, "{}", seen.head);
+    assert!(
+        ids[0].len() == 32 && ids[0].bytes().all(|c| c.is_ascii_hexdigit()),
+        "{}",
+        seen.head
+    );
+    assert_eq!(seen.value("x-trace"), format!("id={}", ids[0]));
+}
