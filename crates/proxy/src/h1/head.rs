@@ -898,4 +898,19 @@ mod tests {
         }
         assert!(checked > 250, "only {checked} complete heads");
     }
+
+    /// Every field the map's path strips as hop-by-hop is kept out of a head passed on as
+    /// received, however it is spelled: `kind` and `headers::HOP_BY_HOP` cannot drift apart.
+    #[test]
+    fn every_hop_by_hop_field_is_kept_out_of_a_head_passed_on() {
+        for name in &crate::headers::HOP_BY_HOP {
+            for spelled in [name.as_str().to_owned(), name.as_str().to_ascii_uppercase()] {
+                assert!(
+                    !matches!(kind(spelled.as_bytes()), Kind::Plain | Kind::Date),
+                    "{spelled} would pass on"
+                );
+            }
+        }
+        assert_eq!(kind(b"X-Request-Id"), Kind::Plain);
+    }
 }
