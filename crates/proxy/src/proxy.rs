@@ -75,7 +75,6 @@ pub async fn handle_with(
     own_writer: bool,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
-    let wall = SystemTime::now();
     let shared = ctx.shared.clone();
     shared.metrics.requests.inc();
     let in_flight = InFlight::new(ctx.activity.clone());
@@ -98,11 +97,14 @@ pub async fn handle_with(
     } else {
         Some(request_id::generate())
     };
-    // What only the access log needs is made only while it is on.
-    let head = shared
-        .access_log
-        .is_on()
-        .then(|| logged_text(&req, &method, path, new_id.as_ref()));
+    // What only the access log needs is made only while it is on: the request's text and
+    // the wall-clock time of its line (no clock read while it is off).
+    let head = shared.access_log.is_on().then(|| {
+        (
+            SystemTime::now(),
+            logged_text(&req, &method, path, new_id.as_ref()),
+        )
+    });
     let grpc = present.has(Present::CONTENT_TYPE) && crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
@@ -163,7 +165,7 @@ pub async fn handle_with(
         .metrics
         .response(origin, class(status), cause.unwrap_or(""));
     count_by_route_and_peer(&shared, &info, status, origin);
-    let record = head.map(|mut text| {
+    let record = head.map(|(wall, mut text)| {
         if let Some(r) = &info.route {
             text.set(Field::Route, &r.route);
             if !r.group.is_empty() {
