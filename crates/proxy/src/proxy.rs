@@ -730,8 +730,10 @@ async fn forward(
         .flatten();
     let call_start = call_limit.map(|_| Instant::now());
     let resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await;
-    // The request's fields went out with it: the map's memory serves the next message.
-    crate::headers::recycle_map(std::mem::take(&mut out.headers));
+    // The request's fields went out with it: the map's memory serves the next message
+    // (moved out of the request, not swapped for an empty one that is dropped with it).
+    let Outgoing { headers, .. } = out;
+    crate::headers::recycle_map(headers);
     let mut resp = resp?;
     if let Some(limit) = call_limit {
         let start = call_start.unwrap_or_else(Instant::now);

@@ -296,9 +296,10 @@ pub fn parse_with(
         raw: None,
     };
     if as_received {
-        // For what upkeep adds on the way downstream (`keep-alive`, `connection`): a map
-        // kept aside, not a new allocation.
-        head.headers = crate::headers::map_with_capacity(2);
+        // The map stays empty and unallocated: on the way to the own server's writer nothing
+        // is added to it in the common case (the keep-alive hint is the writer's, a route
+        // with response header rules gets a full map); a rare `Connection: close` (draining)
+        // allocates then.
         head.raw = Some(RawHead {
             fields: pass_on(buf.split_to(len), fields),
             date,
