@@ -526,8 +526,11 @@ impl Group {
     }
 
     fn set_panic(&self, on: bool) {
-        // The gauge is touched only on a change, keeping the request path cheap.
-        if self.panic.swap(on, Ordering::Relaxed) != on {
+        // The gauge is touched only on a change, keeping the request path cheap. Read before
+        // it is written: every request of every serving thread passes here, and a write per
+        // request (even of the same value) would move the flag's cache line between cores.
+        if self.panic.load(Ordering::Relaxed) != on && self.panic.swap(on, Ordering::Relaxed) != on
+        {
             self.metrics
                 .panic_mode
                 .get_or_create(&GroupLabel {
@@ -651,11 +654,9 @@ impl Group {
     }
 
     /// Counts a request in flight for the retry budget; the guard ends it.
-    pub fn start_request(self: &Arc<Self>) -> RequestGuard {
+    pub fn start_request(&self) -> RequestGuard<'_> {
         self.active_requests.fetch_add(1, Ordering::Relaxed);
-        RequestGuard {
-            group: self.clone(),
-        }
+        RequestGuard { group: self }
     }
 
     /// Degraded-state tracking for optional groups: returns how long it has been unusable.
@@ -671,22 +672,24 @@ impl Group {
     }
 }
 
-/// One request's claim on the retry budget.
-pub struct RequestGuard {
-    group: Arc<Group>,
+/// One request's claim on the retry budget. Both guards borrow the group: a reference count
+/// taken and given back per request would be two more writes to memory every serving thread
+/// shares.
+pub struct RequestGuard<'a> {
+    group: &'a Group,
 }
 
 /// One retry attempt in flight; releases its place in the budget when dropped.
-pub struct RetryPermit {
-    group: Arc<Group>,
+pub struct RetryPermit<'a> {
+    group: &'a Group,
 }
 
-impl RequestGuard {
+impl<'a> RequestGuard<'a> {
     /// Takes a place for one retry attempt: retries in flight may be at most
     /// `budget_percent` of active requests, but `budget_min` are always allowed (Envoy's
     /// retry budget). The place is held until the attempt ends.
-    pub fn try_retry(&mut self) -> Option<RetryPermit> {
-        let g = &self.group;
+    pub fn try_retry(&mut self) -> Option<RetryPermit<'a>> {
+        let g = self.group;
         let active = g.active_requests.load(Ordering::Relaxed);
         let allowed = (active * g.cfg.retry.budget_percent as usize / 100)
             .max(g.cfg.retry.budget_min as usize);
@@ -696,17 +699,17 @@ impl RequestGuard {
             g.metrics.retry_budget_exhausted.inc();
             return None;
         }
-        Some(RetryPermit { group: g.clone() })
+        Some(RetryPermit { group: g })
     }
 }
 
-impl Drop for RetryPermit {
+impl Drop for RetryPermit<'_> {
     fn drop(&mut self) {
         self.group.active_retries.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-impl Drop for RequestGuard {
+impl Drop for RequestGuard<'_> {
     fn drop(&mut self) {
         self.group.active_requests.fetch_sub(1, Ordering::Relaxed);
     }

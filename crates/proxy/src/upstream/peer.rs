@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -48,11 +48,13 @@ struct Health {
     active_streak: u32,
 }
 
-/// One request in flight on a peer; the count goes down when this is dropped.
+/// One request in flight on a peer; the count goes down when this is dropped. It borrows the
+/// peer: a reference count taken and given back per request would be two more writes to the
+/// peer's shared memory.
 #[derive(Debug)]
-pub struct ActiveGuard(Arc<Peer>);
+pub struct ActiveGuard<'a>(&'a Peer);
 
-impl Drop for ActiveGuard {
+impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::Relaxed);
     }
@@ -171,9 +173,9 @@ impl Peer {
 
     /// Counts a request in flight on this peer until the guard is dropped, so a request
     /// whose client went away (its future dropped mid-wait) never leaves the count high.
-    pub(crate) fn start_request(self: &Arc<Self>) -> ActiveGuard {
+    pub(crate) fn start_request(&self) -> ActiveGuard<'_> {
         self.active.fetch_add(1, Ordering::Relaxed);
-        ActiveGuard(self.clone())
+        ActiveGuard(self)
     }
 
     /// Usable for new requests now: not ejected (or the ejection ran out: a trial), not down.
@@ -505,7 +507,7 @@ mod tests {
 
     #[test]
     fn the_in_flight_count_is_a_guard() {
-        let p = Arc::new(Peer::new("127.0.0.1:1".parse().unwrap(), 0));
+        let p = Peer::new("127.0.0.1:1".parse().unwrap(), 0);
         let a = p.start_request();
         let b = p.start_request();
         assert_eq!(p.active(), 2);
