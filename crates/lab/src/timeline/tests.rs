@@ -50,15 +50,17 @@ async fn a_timed_fault_holds_from_at_until_for_has_passed() {
 }
 
 /// A process that writes the name of the first signal it gets (of TERM, QUIT, USR1, INT,
-/// HUP) to `out` and exits.
+/// HUP) to `out` and exits. Started through `env --default-signal`: a shell cannot trap a
+/// signal that was ignored when it started, and a test run started as a background job of a
+/// non-interactive shell inherits SIGINT and SIGQUIT ignored.
 fn signal_recorder(out: &std::path::Path) -> std::process::Child {
     let out = out.display();
     let script = format!(
         "for s in TERM QUIT USR1 INT HUP; do trap \"echo $s > {out}; exit 0\" $s; done; \
          echo ready > {out}.ready; while :; do sleep 0.02; done"
     );
-    std::process::Command::new("sh")
-        .arg("-c")
+    std::process::Command::new("env")
+        .args(["--default-signal", "sh", "-c"])
         .arg(script)
         .spawn()
         .unwrap()
