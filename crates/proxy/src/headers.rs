@@ -41,10 +41,10 @@ pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
 }
 
 /// Fields upkeep adds to a request on its way upstream (a new `x-request-id`, the forwarding
-/// headers) that the request did not carry, kept beside its map instead of inserted into it (a hash of the name
-/// and a probe each, and a map decoded from HTTP/2 grows for them). upkeep's own HTTP/1 codec
-/// writes them after the map's fields; every other path puts them in the map first, at its
-/// end, so both send the same fields in the same order.
+/// headers) that the request did not carry, kept beside its map instead of inserted into it
+/// (a hash of the name and a probe each, and a map decoded from HTTP/2 grows for them).
+/// upkeep's own HTTP/1 codec writes them after the map's fields; every other path puts them
+/// in the map first, at its end, so both send the same fields in the same order.
 #[derive(Clone, Debug, Default)]
 pub struct Added {
     /// A new `x-request-id`, and at most three forwarding fields (`x-forwarded-*`).

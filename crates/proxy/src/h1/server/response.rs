@@ -14,14 +14,13 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
-
-use crate::headers::KEEP_ALIVE;
 use http::{Response, StatusCode};
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::wire::Shared;
 use crate::body::RespBody;
+use crate::headers::KEEP_ALIVE;
 use crate::listener::ConnActivity;
 
 /// What the writer needs to know of the request the response answers.
