@@ -61,15 +61,17 @@ pub fn handle(
     ctx: Arc<ConnCtx>,
 ) -> impl std::future::Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let present = Present::of(req.headers());
-    handle_with(req, ctx, present, false)
+    handle_with(Box::new(req), ctx, present, false)
 }
 
 /// [`handle`] for a caller that has looked at the request's fields already (`present`).
 /// `own_writer`: the response goes to upkeep's own HTTP/1 server, which writes an upstream
 /// head passed on as received (`crate::h1::head::RawHead`); any other writer needs every
-/// field in the response's map.
+/// field in the response's map. The request comes boxed: each layer of the request's future
+/// (this one, the panic boundary, `forward`) keeps what it was called with for as long as it
+/// runs, a pointer rather than the request's 272 bytes.
 pub async fn handle_with(
-    mut req: Request<DownBody>,
+    mut req: Box<Request<DownBody>>,
     ctx: Arc<ConnCtx>,
     present: Present,
     own_writer: bool,
@@ -172,7 +174,7 @@ pub async fn handle_with(
                 text.set(Field::Group, &r.group);
             }
         }
-        Record {
+        Box::new(Record {
             time: wall,
             client: ctx.remote.ip(),
             text,
@@ -190,7 +192,7 @@ pub async fn handle_with(
             reason,
             incomplete: false,
             format: state.config.access_log_format,
-        }
+        })
     });
     let done = Done {
         shared,
@@ -211,8 +213,9 @@ pub async fn handle_with(
 struct Done {
     shared: Arc<Shared>,
     start: Instant,
-    /// `None` when the access log is off.
-    record: Option<Record>,
+    /// `None` when the access log is off. Boxed: `Done` is moved into its own box per
+    /// request, a pointer's worth rather than the whole line's when the log is off.
+    record: Option<Box<Record>>,
     bytes_in: Arc<AtomicU64>,
     _in_flight: InFlight,
 }
@@ -248,7 +251,7 @@ impl OnDone for Done {
         record.bytes_out = bytes;
         record.bytes_in = bytes_in.load(Ordering::Relaxed);
         record.incomplete = !complete;
-        shared.access_log.log(record);
+        shared.access_log.log(*record);
     }
 }
 
@@ -468,7 +471,7 @@ impl Outgoing {
 /// the request's future once (passed to `CatchPanic::new` from an `async fn`, it would be
 /// held twice: the argument and the awaited value).
 fn caught_forward<'a>(
-    req: Request<DownBody>,
+    req: Box<Request<DownBody>>,
     found: Found,
     ctx: &'a ConnCtx,
     state: &'a State,
@@ -491,14 +494,17 @@ struct Found {
     new_id: Option<HeaderValue>,
 }
 
-async fn forward(
+/// `forward`'s work before its first wait, in a plain function: its locals (the request's
+/// parts, the authority, the path, what the route's rules expand) live in this function's
+/// frame, not in the request's future, which the downstream connection allocates per request
+/// and which would otherwise carry them through the whole exchange.
+fn prepare<'s>(
     req: Request<DownBody>,
     found: Found,
     ctx: &ConnCtx,
-    state: &State,
-    bytes_in: &Arc<AtomicU64>,
+    state: &'s State,
     info: &mut AttemptInfo,
-) -> Result<Response<RespBody>, ProxyError> {
+) -> Result<Step<'s>, ProxyError> {
     let Found {
         present,
         grpc,
@@ -544,7 +550,7 @@ async fn forward(
     let route_rules = &route.rules;
     // The values templates expand to; made only for a route whose rules use them, so a
     // plain route allocates nothing here.
-    let (request_id, vars_host) = if route_rules.uses_request_values() {
+    let values = if route_rules.uses_request_values() {
         let id = req
             .headers()
             .get(&request_id::X_REQUEST_ID)
@@ -555,22 +561,18 @@ async fn forward(
         let h = host
             .as_deref()
             .map_or_else(|| ctx.local.ip().to_string(), str::to_ascii_lowercase);
-        (id, h)
+        Values {
+            request_id: id,
+            host: h,
+        }
     } else {
-        (String::new(), String::new())
+        Values::default()
     };
-    // A shared copy (reference-counted), so the forwarded URI can move on.
-    let target = uri.clone();
-    let vars = rules::Vars {
-        client_ip: ctx.client_ip.to_str().unwrap_or_default(),
-        host: &vars_host,
-        scheme: if ctx.tls { "https" } else { "http" },
-        request_id: &request_id,
-        path: target.path_and_query().map_or("/", |pq| pq.as_str()),
-    };
-    if let Some(resp) = rules::answer(route_rules, &vars) {
-        info.answered = true;
-        return Ok(resp);
+    if route_rules.answers_itself() {
+        if let Some(resp) = rules::answer(route_rules, &values.vars(ctx, &uri)) {
+            info.answered = true;
+            return Ok(Step::Answered(resp));
+        }
     }
     let group = route
         .group
@@ -649,11 +651,109 @@ async fn forward(
         added.move_into(&mut headers);
     }
     // After upkeep's own headers, so a route can override them (nginx `proxy_set_header`).
-    rules::apply_headers(&route_rules.request_headers, &mut headers, &vars);
-    if let Some(want) = upgrade {
+    if !route_rules.request_headers.is_empty() {
+        rules::apply_headers(
+            &route_rules.request_headers,
+            &mut headers,
+            &values.vars(ctx, &uri),
+        );
+    }
+    let expects_continue =
+        present.has(Present::EXPECT) && crate::expect::expects_continue(parts.version, &headers);
+    Ok(Step::Forward(
+        Ready {
+            out: Outgoing {
+                method: parts.method,
+                uri,
+                headers,
+                added,
+                body: None,
+                bodyless: true,
+                trailers: trailers.accepts,
+                // Nothing between here and the own server's writer reads or changes the
+                // upstream's fields but a route's response header rules (and gRPC's
+                // trailers).
+                raw_head: own_writer && !grpc && route_rules.response_headers.is_empty(),
+            },
+            group,
+            rules: route_rules,
+            upgrade,
+            expects_continue,
+            grpc,
+            values,
+        },
+        body,
+    ))
+}
+
+/// What [`prepare`] leads to. Not boxed: it lives only between `prepare` and `forward`, and
+/// the common case is the large one.
+#[allow(clippy::large_enum_variant)]
+enum Step<'s> {
+    /// The route answered itself (`redirect`, `respond`).
+    Answered(Response<RespBody>),
+    /// The request goes upstream, with its body as received (nothing of it read yet).
+    Forward(Ready<'s>, DownBody),
+}
+
+/// A request made ready to go upstream.
+struct Ready<'s> {
+    /// The request as it goes out; its body is set once the first frame is read
+    /// (`forward`).
+    out: Outgoing,
+    group: Arc<Group>,
+    rules: &'s crate::config::RouteRules,
+    /// An upgrade (WebSocket, extended CONNECT) to carry instead.
+    upgrade: Option<crate::upgrade::Wanted>,
+    /// The body waits for the upstream's `100 Continue`.
+    expects_continue: bool,
+    grpc: bool,
+    values: Values,
+}
+
+/// The request's values a route's templates expand to, besides the connection's and the
+/// forwarded path (empty for a route whose rules use none).
+#[derive(Default)]
+struct Values {
+    request_id: String,
+    host: String,
+}
+
+impl Values {
+    /// The template values, with `uri` the forwarded target.
+    fn vars<'a>(&'a self, ctx: &'a ConnCtx, uri: &'a Uri) -> rules::Vars<'a> {
+        rules::Vars {
+            client_ip: ctx.client_ip.to_str().unwrap_or_default(),
+            host: &self.host,
+            scheme: if ctx.tls { "https" } else { "http" },
+            request_id: &self.request_id,
+            path: uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        }
+    }
+}
+
+async fn forward(
+    req: Box<Request<DownBody>>,
+    found: Found,
+    ctx: &ConnCtx,
+    state: &State,
+    bytes_in: &Arc<AtomicU64>,
+    info: &mut AttemptInfo,
+) -> Result<Response<RespBody>, ProxyError> {
+    let (mut ready, body) = match prepare(*req, found, ctx, state, info)? {
+        Step::Answered(resp) => return Ok(resp),
+        Step::Forward(ready, body) => (ready, body),
+    };
+    if let Some(want) = ready.upgrade.take() {
+        let Outgoing {
+            method,
+            uri,
+            headers,
+            ..
+        } = ready.out;
         let f = crate::upgrade::Forward {
-            group: &group,
-            method: parts.method,
+            group: &ready.group,
+            method,
             uri,
             headers,
             metrics: ctx.shared.metrics.clone(),
@@ -666,14 +766,13 @@ async fn forward(
         }))
         .await;
     }
+    let route_rules = ready.rules;
 
     // Read the first body frame before choosing a peer, so a malformed body start is refused
     // with 400 before any upstream sees the request.
     let body = if body.is_end_stream() {
         None
-    } else if present.has(Present::EXPECT)
-        && crate::expect::expects_continue(parts.version, &headers)
-    {
+    } else if ready.expects_continue {
         // The upstream decides whether the client uploads: nothing is read before it asks.
         Some(
             ReqBody::gated(body, bytes_in.clone(), ctx.listener.client_body_timeout)
@@ -700,21 +799,12 @@ async fn forward(
             }
         }
     };
-    let bodyless = body.is_none();
-    let mut out = Outgoing {
-        method: parts.method.clone(),
-        uri,
-        headers,
-        added,
-        body,
-        bodyless,
-        trailers: trailers.accepts,
-        // Nothing between here and the own server's writer reads or changes the upstream's
-        // fields but a route's response header rules (and gRPC's trailers).
-        raw_head: own_writer && !grpc && route_rules.response_headers.is_empty(),
-    };
+    ready.out.bodyless = body.is_none();
+    ready.out.body = body;
+    let grpc = ready.grpc;
+    let out = &mut ready.out;
     let idempotent = matches!(
-        parts.method,
+        out.method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     );
     let timeouts = RouteTimeouts {
@@ -729,17 +819,24 @@ async fn forward(
         .then(|| crate::grpc::call_limit(&out.headers, route_rules.deadline))
         .flatten();
     let call_start = call_limit.map(|_| Instant::now());
-    let resp = send_with_retries(&group, &mut out, idempotent, cap, info, timeouts).await;
+    let resp = send_with_retries(&ready.group, out, idempotent, cap, info, timeouts).await;
     // The request's fields went out with it: the map's memory serves the next message
     // (moved out of the request, not swapped for an empty one that is dropped with it).
-    let Outgoing { headers, .. } = out;
+    let Ready { out, values, .. } = ready;
+    let Outgoing { headers, uri, .. } = out;
     crate::headers::recycle_map(headers);
     let mut resp = resp?;
     if let Some(limit) = call_limit {
         let start = call_start.unwrap_or_else(Instant::now);
         resp = resp.map(|b| b.with_call_deadline(start + limit));
     }
-    rules::apply_headers(&route_rules.response_headers, resp.headers_mut(), &vars);
+    if !route_rules.response_headers.is_empty() {
+        rules::apply_headers(
+            &route_rules.response_headers,
+            resp.headers_mut(),
+            &values.vars(ctx, &uri),
+        );
+    }
     Ok(resp)
 }
 

@@ -253,16 +253,22 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
     }
     let mut eof = false;
     let res = poll_fn(|cx| {
+        // Until a read finds nothing in this poll: then the task is woken when more comes,
+        // and reading again in this poll (the upload made progress) would find nothing
+        // again.
+        let mut may_read = true;
         loop {
             let mut progress = up.poll_send(wire, cx)?;
-            if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
-                wire.rbuf.reserve(READ_CHUNK);
-            }
-            match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf) {
-                Poll::Ready(Ok(0)) => eof = true,
-                Poll::Ready(Ok(_)) => progress = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
-                Poll::Pending => {}
+            if may_read {
+                if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
+                    wire.rbuf.reserve(READ_CHUNK);
+                }
+                match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf) {
+                    Poll::Ready(Ok(0)) => eof = true,
+                    Poll::Ready(Ok(_)) => progress = true,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
+                    Poll::Pending => may_read = false,
+                }
             }
             // Nothing read yet (the first poll, as a rule): nothing to parse.
             while !wire.rbuf.is_empty() {

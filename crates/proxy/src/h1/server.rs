@@ -153,43 +153,25 @@ where
             http10,
             head_method,
             body,
-        } = *head;
+        } = head;
         if let Some(framing) = body {
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
         let present = Present::of(request.headers());
         let accepts_trailers = present.has(Present::TE)
             && crate::trailers::accepted(request.headers(), request.version());
-        // As hyper did: a client that closes while its bodiless request is handled has left,
-        // and the request is dropped (its upstream exchange with it). Bytes that come
-        // meanwhile (a pipelined request) wait in the buffer.
-        let mut watch_eof = body.is_none() && wire.lock().rbuf.is_empty();
+        // A client that closes meanwhile has left (`handled`).
+        let watch_eof = body.is_none() && wire.lock().rbuf.is_empty();
         // The handler and the response writer run in one box, allocated per request: held
         // inline, their state would be part of the connection task's memory for as long as
         // the connection lives, idle ones included. The handler is gone before the writer
-        // starts, so the two share the box's space. `None`: the client left. The box is
+        // starts, and each is its own awaited future, so the two share the box's space
+        // (locals of one `async` block that hold them would not: the compiler keeps the
+        // handler's place apart from the writer's). `None`: the client left. The box is
         // allocated first and the future made straight into it: `Box::pin(async { .. })`
-        // makes it on the stack and copies all of its 4 KB in (0.5k instructions a request).
+        // makes it on the stack and copies it in.
         let written = Box::into_pin(Box::write(Box::new_uninit(), async {
-            let resp = {
-                let mut handling =
-                    std::pin::pin!(crate::proxy::handle_with(request, ctx.clone(), present, true));
-                loop {
-                    // The answer first, when the client also left meanwhile.
-                    tokio::select! {
-                        biased;
-                        r = &mut handling => break r,
-                        r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
-                            Ok(0) | Err(_) => {
-                                tracing::debug!("the client closed its connection while its request was handled");
-                                return None;
-                            }
-                            Ok(_) => watch_eof = false,
-                        },
-                    }
-                }
-            };
-            let Ok(resp) = resp;
+            let resp = handled(request, ctx, present, &wire, watch_eof).await?;
             if !close_pending {
                 // Told to close while the request was handled: this response says so. One
                 // look now rather than a branch of the `select!` above, whose every round
@@ -239,6 +221,45 @@ where
                 }
                 return Outcome::Closed;
             }
+        }
+    }
+}
+
+/// Runs the handler for one request. As hyper did: a client that closes while its bodiless
+/// request is handled (`watch_eof`) has left, and the request is dropped (its upstream
+/// exchange with it): `None`. Bytes that come meanwhile (a pipelined request) wait in the
+/// buffer.
+async fn handled<IO>(
+    request: Box<http::Request<DownBody>>,
+    ctx: &Arc<ConnCtx>,
+    present: Present,
+    wire: &Shared<IO>,
+    mut watch_eof: bool,
+) -> Option<http::Response<crate::body::RespBody>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut handling = std::pin::pin!(crate::proxy::handle_with(
+        request,
+        ctx.clone(),
+        present,
+        true
+    ));
+    loop {
+        // The answer first, when the client also left meanwhile.
+        tokio::select! {
+            biased;
+            r = &mut handling => {
+                let Ok(resp) = r;
+                return Some(resp);
+            }
+            r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
+                Ok(0) | Err(_) => {
+                    tracing::debug!("the client closed its connection while its request was handled");
+                    return None;
+                }
+                Ok(_) => watch_eof = false,
+            },
         }
     }
 }

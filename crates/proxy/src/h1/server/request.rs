@@ -26,7 +26,7 @@ pub(crate) enum Parsed {
     /// Not a complete head yet.
     Partial,
     /// A complete head, taken off the buffer.
-    Request(Box<Head>),
+    Request(Head),
     /// A head for the hyper path (to refuse, or with `Expect`, `Upgrade`...): the buffer
     /// is left untouched.
     HandOver,
@@ -34,8 +34,9 @@ pub(crate) enum Parsed {
 
 /// A request the own server serves, with what the response writer needs to know of it.
 pub(crate) struct Head {
-    /// The request; its body is attached by the server (`body` says how it is framed).
-    pub request: Request<DownBody>,
+    /// The request; its body is attached by the server (`body` says how it is framed). Boxed
+    /// as `crate::proxy::handle_with` takes it.
+    pub request: Box<Request<DownBody>>,
     /// The client may send another request on this connection after the response.
     pub keep_alive: bool,
     /// An HTTP/1.0 client: no chunked response body, keep-alive only when asked.
@@ -164,7 +165,8 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
         headers.append(name, value);
     }
     let http10 = minor == 0;
-    let mut request = Request::new(DownBody::Own(OwnBody::empty()));
+    // Made in its box, not on the stack and copied in.
+    let mut request = Box::new(Request::new(DownBody::Own(OwnBody::empty())));
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = if http10 {
@@ -174,20 +176,15 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
     };
     *request.headers_mut() = headers;
     let head_method = request.method() == Method::HEAD;
-    // Allocated before the head is put together, so that it is written in place (see
-    // `h1::server::serve`).
-    Parsed::Request(Box::write(
-        Box::new_uninit(),
-        Head {
-            request,
-            // As hyper decides: HTTP/1.1 keeps the connection unless told `close`; HTTP/1.0
-            // only when asked with `keep-alive`.
-            keep_alive: !close && (!http10 || keep),
-            http10,
-            head_method,
-            body,
-        },
-    ))
+    Parsed::Request(Head {
+        request,
+        // As hyper decides: HTTP/1.1 keeps the connection unless told `close`; HTTP/1.0
+        // only when asked with `keep-alive`.
+        keep_alive: !close && (!http10 || keep),
+        http10,
+        head_method,
+        body,
+    })
 }
 
 /// Whether the chunked body bytes already read (`after`, what follows the head) are valid
