@@ -335,9 +335,9 @@ impl RespBody {
 
     /// An upstream body read by upkeep's own HTTP/1 codec; the connection goes back to the
     /// pool at its end. A silence of `read_timeout` inside it cuts it.
-    pub(crate) fn own(body: crate::h1::Streaming, read_timeout: Duration) -> Self {
+    pub(crate) fn own(body: Box<crate::h1::Streaming>, read_timeout: Duration) -> Self {
         Self::new(Inner::Own {
-            body: Box::new(body),
+            body,
             read_timeout,
             silence: Silence::default(),
         })

@@ -497,14 +497,16 @@ struct Found {
 /// `forward`'s work before its first wait, in a plain function: its locals (the request's
 /// parts, the authority, the path, what the route's rules expand) live in this function's
 /// frame, not in the request's future, which the downstream connection allocates per request
-/// and which would otherwise carry them through the whole exchange.
-fn prepare<'s>(
+/// and which would otherwise carry them through the whole exchange. The request made ready
+/// goes into `slot`, a place in `forward`'s future (written there, not returned and moved).
+fn prepare<'s, 'r>(
     req: Request<DownBody>,
     found: Found,
     ctx: &ConnCtx,
     state: &'s State,
     info: &mut AttemptInfo,
-) -> Result<Step<'s>, ProxyError> {
+    slot: &'r mut Option<Ready<'s>>,
+) -> Result<Step<'r, 's>, ProxyError> {
     let Found {
         present,
         grpc,
@@ -661,7 +663,7 @@ fn prepare<'s>(
     let expects_continue =
         present.has(Present::EXPECT) && crate::expect::expects_continue(parts.version, &headers);
     Ok(Step::Forward(
-        Ready {
+        slot.insert(Ready {
             out: Outgoing {
                 method: parts.method,
                 uri,
@@ -681,19 +683,17 @@ fn prepare<'s>(
             expects_continue,
             grpc,
             values,
-        },
+        }),
         body,
     ))
 }
 
-/// What [`prepare`] leads to. Not boxed: it lives only between `prepare` and `forward`, and
-/// the common case is the large one.
-#[allow(clippy::large_enum_variant)]
-enum Step<'s> {
+/// What [`prepare`] leads to.
+enum Step<'r, 's> {
     /// The route answered itself (`redirect`, `respond`).
     Answered(Response<RespBody>),
     /// The request goes upstream, with its body as received (nothing of it read yet).
-    Forward(Ready<'s>, DownBody),
+    Forward(&'r mut Ready<'s>, DownBody),
 }
 
 /// A request made ready to go upstream.
@@ -740,22 +740,18 @@ async fn forward(
     bytes_in: &Arc<AtomicU64>,
     info: &mut AttemptInfo,
 ) -> Result<Response<RespBody>, ProxyError> {
-    let (mut ready, body) = match prepare(*req, found, ctx, state, info)? {
+    let mut slot = None;
+    let (ready, body) = match prepare(*req, found, ctx, state, info, &mut slot)? {
         Step::Answered(resp) => return Ok(resp),
         Step::Forward(ready, body) => (ready, body),
     };
     if let Some(want) = ready.upgrade.take() {
-        let Outgoing {
-            method,
-            uri,
-            headers,
-            ..
-        } = ready.out;
+        let out = &mut ready.out;
         let f = crate::upgrade::Forward {
             group: &ready.group,
-            method,
-            uri,
-            headers,
+            method: out.method.clone(),
+            uri: std::mem::take(&mut out.uri),
+            headers: std::mem::take(&mut out.headers),
             metrics: ctx.shared.metrics.clone(),
             bytes_in: bytes_in.clone(),
             shutdown_timeout: state.config.lifecycle.shutdown_timeout,
@@ -820,11 +816,8 @@ async fn forward(
         .flatten();
     let call_start = call_limit.map(|_| Instant::now());
     let resp = send_with_retries(&ready.group, out, idempotent, cap, info, timeouts).await;
-    // The request's fields went out with it: the map's memory serves the next message
-    // (moved out of the request, not swapped for an empty one that is dropped with it).
-    let Ready { out, values, .. } = ready;
-    let Outgoing { headers, uri, .. } = out;
-    crate::headers::recycle_map(headers);
+    // The request's fields went out with it: the map's memory serves the next message.
+    crate::headers::recycle_map(std::mem::take(&mut ready.out.headers));
     let mut resp = resp?;
     if let Some(limit) = call_limit {
         let start = call_start.unwrap_or_else(Instant::now);
@@ -834,7 +827,7 @@ async fn forward(
         rules::apply_headers(
             &route_rules.response_headers,
             resp.headers_mut(),
-            &values.vars(ctx, &uri),
+            &ready.values.vars(ctx, &ready.out.uri),
         );
     }
     Ok(resp)
@@ -1493,7 +1486,11 @@ async fn send_own(
     } else {
         Duration::ZERO
     };
-    let mut streaming = crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle);
+    // Made in its box (allocated first), not on the stack and copied in.
+    let mut streaming = Box::write(
+        Box::new_uninit(),
+        crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle),
+    );
     streaming.set_raw_head(head.raw);
     Ok(Response::from_parts(
         parts,
