@@ -498,7 +498,8 @@ struct Found {
 /// parts, the authority, the path, what the route's rules expand) live in this function's
 /// frame, not in the request's future, which the downstream connection allocates per request
 /// and which would otherwise carry them through the whole exchange. The request made ready
-/// goes into `slot`, a place in `forward`'s future (written there, not returned and moved).
+/// goes into `slot`, a place in `forward`'s future: returned instead, it was moved twice more
+/// on its way there.
 fn prepare<'s, 'r>(
     req: Request<DownBody>,
     found: Found,

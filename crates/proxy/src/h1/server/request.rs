@@ -165,11 +165,7 @@ pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) ->
         headers.append(name, value);
     }
     let http10 = minor == 0;
-    // Made in its box (allocated first), not on the stack and copied in.
-    let mut request = Box::write(
-        Box::new_uninit(),
-        Request::new(DownBody::Own(OwnBody::empty())),
-    );
+    let mut request = Box::new(Request::new(DownBody::Own(OwnBody::empty())));
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = if http10 {
