@@ -449,6 +449,20 @@ impl Outgoing {
         }
     }
 
+    /// The method is idempotent (RFC 9110 §9.2.2): sending it again after part of it went
+    /// out is safe.
+    fn idempotent(&self) -> bool {
+        matches!(
+            self.method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::PUT
+                | Method::DELETE
+        )
+    }
+
     fn replayable(&self) -> bool {
         match &self.body {
             Some(ReqBody::Replay(r)) => !r.overflowed(),
@@ -800,10 +814,7 @@ async fn forward(
     ready.out.body = body;
     let grpc = ready.grpc;
     let out = &mut ready.out;
-    let idempotent = matches!(
-        out.method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    );
+    let idempotent = out.idempotent();
     let timeouts = RouteTimeouts {
         try_timeout: route_rules.try_timeout,
         deadline: route_rules.deadline,
@@ -1111,16 +1122,11 @@ async fn attempt(
                 }
                 let written = conn.written() > w0;
                 let got_response_bytes = conn.read() > r0;
-                let idempotent = matches!(
-                    out.method,
-                    Method::GET
-                        | Method::HEAD
-                        | Method::OPTIONS
-                        | Method::TRACE
-                        | Method::PUT
-                        | Method::DELETE
-                );
-                if reused && !got_response_bytes && (!written || idempotent) && out.replayable() {
+                if reused
+                    && !got_response_bytes
+                    && (!written || out.idempotent())
+                    && out.replayable()
+                {
                     group.metrics().pool_stale_replays.inc();
                     tracing::debug!(peer.addr = %peer.addr(), error = %e.error(), "reused connection was closed; replaying on a fresh one");
                     fresh_only = true;
@@ -1446,16 +1452,7 @@ async fn send_own(
         }
         Some(Err(e)) => {
             let got_response_bytes = conn.read() > r0;
-            let idempotent = matches!(
-                out.method,
-                Method::GET
-                    | Method::HEAD
-                    | Method::OPTIONS
-                    | Method::TRACE
-                    | Method::PUT
-                    | Method::DELETE
-            );
-            if reused && !got_response_bytes && (!written || idempotent) && out.replayable() {
+            if reused && !got_response_bytes && (!written || out.idempotent()) && out.replayable() {
                 group.metrics().pool_stale_replays.inc();
                 tracing::debug!(peer.addr = %addr, error = %e, "reused connection was closed; replaying on a fresh one");
                 return Err(None);
