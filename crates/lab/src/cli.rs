@@ -124,6 +124,9 @@ struct LoadArgs {
     /// Request method.
     #[arg(long, default_value = "GET")]
     method: String,
+    /// A header field sent with every request, `Name: value` (repeatable, as curl's -H).
+    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(http::header::HeaderName, http::header::HeaderValue)>,
     /// Per-request timeout.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     timeout: Duration,
@@ -184,6 +187,18 @@ pub struct DemoArgs {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     crate::duration::parse(s).map_err(|e| e.to_string())
+}
+
+/// `Name: value` (the value's surrounding spaces trimmed).
+fn parse_header(s: &str) -> Result<(http::header::HeaderName, http::header::HeaderValue), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected `Name: value`"))?;
+    let name = http::header::HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|e| format!("{name:?}: {e}"))?;
+    let value =
+        http::header::HeaderValue::from_str(value.trim()).map_err(|e| format!("{value:?}: {e}"))?;
+    Ok((name, value))
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -405,6 +420,7 @@ async fn load_cmd(a: LoadArgs) -> anyhow::Result<ExitCode> {
         duration: a.duration,
         mode,
         timeout: a.timeout,
+        headers: a.headers,
     };
     let result = load::run(&spec, true).await?;
     if let Some(path) = &a.records {
@@ -501,4 +517,17 @@ fn print_rows(rows: &[RunReport], format: &str) -> anyhow::Result<()> {
         other => anyhow::bail!("unknown --format {other:?}: table, json or markdown"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_argument_is_a_name_and_a_trimmed_value() {
+        let (n, v) = parse_header("X-Probe:  a b ").unwrap();
+        assert_eq!((n.as_str(), v.to_str().unwrap()), ("x-probe", "a b"));
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header("bad name: 1").is_err());
+    }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -59,6 +60,8 @@ pub struct LoadSpec {
     pub mode: LoadMode,
     /// Per-request timeout, from send to the end of the body.
     pub timeout: Duration,
+    /// Header fields sent with every request, after `Host`.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// Why a request got no response.
@@ -415,6 +418,9 @@ async fn exchange(
         .method(spec.method.clone())
         .uri(target.path.as_str())
         .header(http::header::HOST, target.authority.as_str());
+    for (name, value) in &spec.headers {
+        req = req.header(name, value);
+    }
     if close {
         req = req.header(http::header::CONNECTION, "close");
     }

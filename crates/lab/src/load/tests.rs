@@ -23,6 +23,7 @@ fn spec(url: &str, mode: LoadMode, rate: f64, ms: u64) -> LoadSpec {
         duration: Duration::from_millis(ms),
         mode,
         timeout: Duration::from_millis(400),
+        headers: Vec::new(),
     }
 }
 
@@ -174,4 +175,34 @@ fn a_send_lag_p99_of_a_millisecond_or_more_counts_as_behind_schedule() {
     records.push(record(1_500));
     records.push(record(1_500));
     assert!(LoadStats::of(&records).behind_schedule());
+}
+
+#[tokio::test]
+async fn every_request_carries_the_header_fields_asked_for() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before a whole head");
+            head.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        String::from_utf8(head).unwrap()
+    });
+    let mut s = spec(&url, LoadMode::Pooled, 1.0, 500);
+    s.headers = vec![
+        ("x-probe".parse().unwrap(), "1".parse().unwrap()),
+        ("user-agent".parse().unwrap(), "lab/1".parse().unwrap()),
+    ];
+    let _ = run(&s, false).await;
+    let head = server.await.unwrap().to_ascii_lowercase();
+    assert!(head.contains("\r\nx-probe: 1\r\n"), "{head}");
+    assert!(head.contains("\r\nuser-agent: lab/1\r\n"), "{head}");
 }

@@ -332,6 +332,7 @@ fn load_spec(scenario: &Scenario, rig: &Rig, opts: &RunOptions) -> LoadSpec {
         duration: scenario.duration,
         mode,
         timeout: scenario.timeout,
+        headers: Vec::new(),
     }
 }
 
