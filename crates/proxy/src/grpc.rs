@@ -35,12 +35,16 @@ pub enum Code {
 
 /// Whether the request is gRPC (`content-type: application/grpc`, `application/grpc+proto`, ...).
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(http::header::CONTENT_TYPE).is_some_and(|v| {
-        let v = v.as_bytes();
-        v.len() >= 16
-            && v[..16].eq_ignore_ascii_case(b"application/grpc")
-            && matches!(v.get(16), None | Some(b'+' | b';'))
-    })
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| is_grpc_content_type(v.as_bytes()))
+}
+
+/// Whether a `Content-Type` value is gRPC's (`application/grpc`, `+proto`, `;...`).
+pub fn is_grpc_content_type(v: &[u8]) -> bool {
+    v.len() >= 16
+        && v[..16].eq_ignore_ascii_case(b"application/grpc")
+        && matches!(v.get(16), None | Some(b'+' | b';'))
 }
 
 /// The deadline in `grpc-timeout` (`1*8DIGIT` and a unit: `H M S m u n`), if present and valid.

@@ -11,6 +11,7 @@
 
 pub mod body;
 pub mod client;
+pub(crate) mod fields;
 pub mod head;
 pub(crate) mod names;
 pub(crate) mod server;

@@ -47,11 +47,18 @@ pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
 /// in the map first, at its end, so both send the same fields in the same order.
 #[derive(Clone, Debug, Default)]
 pub struct Added {
-    /// A new `x-request-id`, and at most three forwarding fields (`x-forwarded-*`).
-    fields: [Option<(HeaderName, HeaderValue)>; 4],
+    /// A new `x-request-id`, sent first.
+    id: Option<crate::request_id::Id>,
+    /// At most three forwarding fields (`x-forwarded-*`).
+    fields: [Option<(HeaderName, HeaderValue)>; 3],
 }
 
 impl Added {
+    /// Adds a new `x-request-id`, before the other fields.
+    pub(crate) fn set_id(&mut self, id: crate::request_id::Id) {
+        self.id = Some(id);
+    }
+
     /// Adds a field after those already added.
     pub(crate) fn push(&mut self, name: HeaderName, value: HeaderValue) {
         let slot = self.fields.iter_mut().find(|f| f.is_none());
@@ -61,13 +68,21 @@ impl Added {
         }
     }
 
-    /// The fields, in the order they were added.
-    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.fields.iter().flatten().map(|(n, v)| (n, v))
+    /// The fields, in the order they were added: names and values' bytes.
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
+        let id = self
+            .id
+            .as_ref()
+            .map(|id| (&crate::request_id::X_REQUEST_ID_NAME, id.as_bytes()));
+        id.into_iter()
+            .chain(self.fields.iter().flatten().map(|(n, v)| (n, v.as_bytes())))
     }
 
     /// Moves the fields into `headers`.
     pub fn move_into(&mut self, headers: &mut HeaderMap) {
+        if let Some(id) = self.id.take() {
+            headers.insert(crate::request_id::X_REQUEST_ID, id.value());
+        }
         for (n, v) in self.fields.iter_mut().filter_map(Option::take) {
             headers.insert(n, v);
         }
@@ -75,7 +90,10 @@ impl Added {
 
     /// Copies the fields into `headers`.
     pub fn copy_into(&self, headers: &mut HeaderMap) {
-        for (n, v) in self.iter() {
+        if let Some(id) = &self.id {
+            headers.insert(crate::request_id::X_REQUEST_ID, id.value());
+        }
+        for (n, v) in self.fields.iter().flatten() {
             headers.insert(n.clone(), v.clone());
         }
     }
@@ -145,7 +163,8 @@ impl Present {
     pub const HOP_BY_HOP: Self = Self(1 << 11);
     /// `Forwarded` or any `X-Forwarded-*`.
     pub const FORWARDING: Self = Self(1 << 12);
-    const COOKIE: Self = Self(1 << 13);
+    /// A `Cookie` field (one or more).
+    pub(crate) const COOKIE: Self = Self(1 << 13);
 
     /// One pass over `headers`' fields.
     pub fn of(headers: &HeaderMap) -> Self {
@@ -160,39 +179,57 @@ impl Present {
     }
 
     fn classify(name: &HeaderName) -> Self {
+        Self::of_name(name.as_str().as_bytes())
+    }
+
+    /// What a field named `name` (any case) is to the request path: one classification for
+    /// maps (`HeaderName`s spell names in lower case) and for heads read by upkeep's own
+    /// HTTP/1 server, which looks at the names' bytes without making `HeaderName`s. The
+    /// length picks at most two candidates: one comparison for most names.
+    pub fn of_name(name: &[u8]) -> Self {
+        let is = |s: &[u8]| name.eq_ignore_ascii_case(s);
         let hop = Self::HOP_BY_HOP.0;
-        let bits = if name == header::HOST {
-            Self::HOST.0
-        } else if name == header::CONNECTION {
-            Self::CONNECTION.0 | hop
-        } else if name == header::UPGRADE {
-            Self::UPGRADE.0 | hop
-        } else if name == header::TE {
-            Self::TE.0 | hop
-        } else if name == header::TRAILER {
-            Self::TRAILER.0 | hop
-        } else if name == header::TRANSFER_ENCODING {
-            Self::TRANSFER_ENCODING.0 | hop
-        } else if name == header::CONTENT_TYPE {
-            Self::CONTENT_TYPE.0
-        } else if name == header::COOKIE {
-            Self::COOKIE.0
-        } else if name == header::EXPECT {
-            Self::EXPECT.0
-        } else if name == header::FORWARDED {
-            Self::FORWARDING.0
-        } else if name == KEEP_ALIVE {
-            Self::KEEP_ALIVE.0 | hop
-        } else if is_hop_by_hop(name) {
-            hop
-        } else if name == crate::request_id::X_REQUEST_ID {
-            Self::X_REQUEST_ID.0
-        } else if name.as_str().starts_with("x-forwarded-") {
-            Self::FORWARDING.0
-        } else {
-            0
+        let bits = match name.len() {
+            2 if is(b"te") => Self::TE.0 | hop,
+            4 if is(b"host") => Self::HOST.0,
+            6 if is(b"cookie") => Self::COOKIE.0,
+            6 if is(b"expect") => Self::EXPECT.0,
+            7 if is(b"upgrade") => Self::UPGRADE.0 | hop,
+            7 if is(b"trailer") => Self::TRAILER.0 | hop,
+            9 if is(b"forwarded") => Self::FORWARDING.0,
+            10 if is(b"connection") => Self::CONNECTION.0 | hop,
+            10 if is(b"keep-alive") => Self::KEEP_ALIVE.0 | hop,
+            12 if is(b"content-type") => Self::CONTENT_TYPE.0,
+            12 if is(b"x-request-id") => Self::X_REQUEST_ID.0,
+            16 if is(b"proxy-connection") => hop,
+            17 if is(b"transfer-encoding") => Self::TRANSFER_ENCODING.0 | hop,
+            18 if is(b"proxy-authenticate") => hop,
+            19 if is(b"proxy-authorization") => hop,
+            n if n >= 12 && name[..12].eq_ignore_ascii_case(b"x-forwarded-") => Self::FORWARDING.0,
+            _ => 0,
         };
         Self(bits)
+    }
+
+    /// `self` with the fields of `other` too.
+    #[must_use]
+    pub fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+
+    /// `self` without the fields of `other`.
+    #[must_use]
+    pub fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
+
+    /// More than one `Cookie` field, for a caller that counted them (see [`Present::of`]).
+    pub(crate) fn cookie_crumbs(self, cookies: usize) -> Self {
+        if cookies > 1 {
+            self.with(Self::COOKIES)
+        } else {
+            self
+        }
     }
 
     /// Whether the message carries `field` (one of the constants above).
@@ -457,6 +494,107 @@ mod tests {
         assert!(!Present::of(&h).has(Present::COOKIES), "one cookie field");
         h.append(header::COOKIE, "b=2".parse().unwrap());
         assert!(Present::of(&h).has(Present::COOKIES), "two cookie fields");
+    }
+
+    #[test]
+    fn a_made_id_goes_first_and_the_map_gets_the_same_fields() {
+        let id = crate::request_id::Id::new();
+        let mut added = Added::default();
+        added.push(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        added.set_id(id);
+        added.push(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        let written: Vec<(String, Vec<u8>)> = added
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.to_vec()))
+            .collect();
+        assert_eq!(
+            written,
+            [
+                ("x-request-id".to_owned(), id.as_bytes().to_vec()),
+                ("x-forwarded-for".to_owned(), b"10.0.0.1".to_vec()),
+                ("x-forwarded-proto".to_owned(), b"http".to_vec()),
+            ]
+        );
+        assert_eq!(id.as_bytes().len(), 32);
+        assert!(id
+            .as_bytes()
+            .iter()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        let (mut copied, mut moved) = (HeaderMap::new(), HeaderMap::new());
+        added.copy_into(&mut copied);
+        added.move_into(&mut moved);
+        assert_eq!(copied, moved);
+        let mapped: Vec<(String, Vec<u8>)> = moved
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(
+            mapped, written,
+            "the map's path sends them in the same order"
+        );
+        assert_eq!(added.iter().count(), 0, "moved out");
+    }
+
+    #[test]
+    fn a_name_reads_the_same_in_any_case_and_near_misses_read_as_plain() {
+        let names = [
+            "host",
+            "connection",
+            "upgrade",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "content-type",
+            "cookie",
+            "expect",
+            "x-request-id",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authorization",
+            "proxy-authenticate",
+            "forwarded",
+            "x-forwarded-for",
+            "x-forwarded-",
+        ];
+        for name in names {
+            let lower = Present::of_name(name.as_bytes());
+            assert_ne!(lower, Present::default(), "{name}");
+            let upper = Present::of_name(name.to_ascii_uppercase().as_bytes());
+            let mixed: String = name
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if i % 2 == 0 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            assert_eq!(upper, lower, "{name}");
+            assert_eq!(Present::of_name(mixed.as_bytes()), lower, "{mixed}");
+            // One letter changed, or one more at the end: another field.
+            let mut near = name.as_bytes().to_vec();
+            near[0] = b'z';
+            assert_eq!(Present::of_name(&near), Present::default(), "{name}");
+            if !name.starts_with("x-forwarded-") {
+                let longer = format!("{name}s");
+                assert_eq!(Present::of_name(longer.as_bytes()), Present::default());
+            }
+        }
+        // The one list of hop-by-hop fields reads as such.
+        for h in &HOP_BY_HOP {
+            assert!(Present::of_name(h.as_str().as_bytes()).has(Present::HOP_BY_HOP));
+        }
+        for plain in [
+            "accept",
+            "content-length",
+            "user-agent",
+            "x-forwarde",
+            "date",
+        ] {
+            assert_eq!(Present::of_name(plain.as_bytes()), Present::default());
+        }
     }
 
     #[test]

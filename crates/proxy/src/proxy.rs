@@ -21,6 +21,7 @@ use crate::body::{DownBody, OnDone, ReqBody, RespBody};
 use crate::boundary::{CatchPanic, Panicked};
 use crate::config::{ListenerConfig, RouteConfig};
 use crate::error::{Cut, Kind, NoPeersReason, ProxyError};
+use crate::h1::fields::RawFields;
 use crate::headers::{
     add_forwarded, strip_hop_by_hop, strip_hop_by_hop_keeping, Added, Present, KEEP_ALIVE,
 };
@@ -61,20 +62,22 @@ pub fn handle(
     ctx: Arc<ConnCtx>,
 ) -> impl std::future::Future<Output = Result<Response<RespBody>, Infallible>> + Send {
     let present = Present::of(req.headers());
-    handle_with(Box::new(req), ctx, present, false)
+    handle_with(Box::new(req), ctx, present, false, None)
 }
 
 /// [`handle`] for a caller that has looked at the request's fields already (`present`).
 /// `own_writer`: the response goes to upkeep's own HTTP/1 server, which writes an upstream
 /// head passed on as received (`crate::h1::head::RawHead`); any other writer needs every
-/// field in the response's map. The request comes boxed: each layer of the request's future
-/// (this one, the panic boundary, `forward`) keeps what it was called with for as long as it
-/// runs, a pointer rather than the request's 272 bytes.
-pub async fn handle_with(
+/// field in the response's map. `received`: the own server kept the request's fields as
+/// received (`crate::h1::fields`), and its map is empty. The request comes boxed: each layer
+/// of the request's future (this one, the panic boundary, `forward`) keeps what it was called
+/// with for as long as it runs, a pointer rather than the request's 272 bytes.
+pub(crate) async fn handle_with(
     mut req: Box<Request<DownBody>>,
     ctx: Arc<ConnCtx>,
     present: Present,
     own_writer: bool,
+    received: Option<RawFields>,
 ) -> Result<Response<RespBody>, Infallible> {
     let start = Instant::now();
     let shared = ctx.shared.clone();
@@ -94,20 +97,32 @@ pub async fn handle_with(
     // A new id goes out beside the map (`Added`), not into it: an insert is a hash of the
     // custom name and a probe.
     let new_id = if present.has(Present::X_REQUEST_ID) {
-        request_id::ensure_present(req.headers_mut());
+        // Fields kept as received hold one valid id (`crate::h1::fields`): kept as it is.
+        if received.is_none() {
+            request_id::ensure_present(req.headers_mut());
+        }
         None
     } else {
-        Some(request_id::generate())
+        Some(request_id::Id::new())
     };
     // What only the access log needs is made only while it is on: the request's text and
     // the wall-clock time of its line (no clock read while it is off).
     let head = shared.access_log.is_on().then(|| {
         (
             SystemTime::now(),
-            logged_text(&req, &method, path, new_id.as_ref()),
+            logged_text(
+                &req,
+                received.as_ref(),
+                &method,
+                path,
+                new_id.as_ref().map(request_id::Id::as_bytes),
+            ),
         )
     });
-    let grpc = present.has(Present::CONTENT_TYPE) && crate::grpc::is_grpc(req.headers());
+    // Fields kept as received are never a gRPC call's (`crate::h1::fields`).
+    let grpc = present.has(Present::CONTENT_TYPE)
+        && received.is_none()
+        && crate::grpc::is_grpc(req.headers());
     let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
@@ -116,6 +131,7 @@ pub async fn handle_with(
         grpc,
         own_writer,
         new_id,
+        received,
     };
     let result = caught_forward(req, found, &ctx, &state, &bytes_in, &mut info)
         .await
@@ -263,28 +279,40 @@ fn millis(d: Duration) -> f64 {
 /// What the access log keeps from the request head before the request moves on, in one
 /// buffer with room for the route and group it adds at the end. The host is as received:
 /// routing uses the validated and normalised forms.
-fn logged_text<B>(
-    req: &Request<B>,
+fn logged_text<'r, B>(
+    req: &'r Request<B>,
+    received: Option<&'r RawFields>,
     method: &Method,
     path: &str,
-    new_id: Option<&HeaderValue>,
+    new_id: Option<&'r [u8]>,
 ) -> Text {
-    let host = request_host(req).unwrap_or_default();
+    let host = match received {
+        Some(f) => req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| f.host().and_then(|h| h.to_str().ok())),
+        None => request_host(req),
+    }
+    .unwrap_or_default();
     // One pass over the fields (a request has few) rather than a lookup by name for each;
     // the first of repeated fields, as a lookup would give.
-    let (mut request_id, mut user_agent, mut referer) =
-        (new_id.map(HeaderValue::as_bytes), None, None);
-    for (name, value) in req.headers() {
-        let slot = if name == header::USER_AGENT {
-            &mut user_agent
-        } else if name == header::REFERER {
-            &mut referer
-        } else if name == request_id::X_REQUEST_ID {
-            &mut request_id
-        } else {
-            continue;
+    let (mut request_id, mut user_agent, mut referer) = (new_id, None, None);
+    let mut look = |name: &[u8], value: &'r [u8]| {
+        let slot = match name {
+            b"user-agent" => &mut user_agent,
+            b"referer" => &mut referer,
+            b"x-request-id" => &mut request_id,
+            _ => return,
         };
-        slot.get_or_insert(value.as_bytes());
+        slot.get_or_insert(value);
+    };
+    match received {
+        Some(f) => f.iter().for_each(|(n, v)| look(n, v)),
+        None => req
+            .headers()
+            .iter()
+            .for_each(|(n, v)| look(n.as_str().as_bytes(), v.as_bytes())),
     }
     let len = |v: Option<&[u8]>| v.map_or(0, <[u8]>::len);
     let mut text = Text::with_capacity(
@@ -414,6 +442,9 @@ struct Outgoing {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
+    /// The fields as received, sent before `headers` (which then holds only what upkeep
+    /// inserted): no map was made of them (`crate::h1::fields`).
+    received: Option<RawFields>,
     /// Fields upkeep adds, sent after `headers` (`crate::headers::Added`).
     added: Added,
     /// `None` once a streamed body has gone to an attempt that kept it.
@@ -426,7 +457,32 @@ struct Outgoing {
 }
 
 impl Outgoing {
+    /// Makes the fields kept as received part of the map, in front of what it holds: for a
+    /// client other than upkeep's own (hyper's, for HTTP/2 upstreams), which takes a map.
+    fn materialize(&mut self) -> Result<(), ProxyError> {
+        let Some(f) = self.received.take() else {
+            return Ok(());
+        };
+        let mut map = crate::headers::map_with_capacity(self.headers.len() + 8);
+        f.fill(&mut map)
+            .map_err(|e| ProxyError::new(Kind::BadRequest).with_source(e))?;
+        // A map's iterator names a field once, before its first value.
+        let mut name = None;
+        for (n, value) in std::mem::take(&mut self.headers) {
+            if n.is_some() {
+                name = n;
+            }
+            if let Some(n) = &name {
+                map.append(n.clone(), value);
+            }
+        }
+        self.headers = map;
+        Ok(())
+    }
+
+    /// The request for hyper's client; [`Outgoing::materialize`] first.
     fn build(&mut self) -> Option<Request<ReqBody>> {
+        debug_assert!(self.received.is_none(), "fields left out of the map");
         let body = if self.bodyless {
             ReqBody::Empty
         } else if let Some(ReqBody::Replay(r)) = &self.body {
@@ -505,7 +561,9 @@ struct Found {
     own_writer: bool,
     /// The `x-request-id` made for a request that came without one; it goes upstream with
     /// the fields upkeep adds (`Added`).
-    new_id: Option<HeaderValue>,
+    new_id: Option<request_id::Id>,
+    /// The fields as received, the request's map empty (see [`handle_with`]).
+    received: Option<RawFields>,
 }
 
 /// `forward`'s work before its first wait, in a plain function: its locals (the request's
@@ -515,7 +573,7 @@ struct Found {
 /// goes into `slot`, a place in `forward`'s future: returned instead, it was moved twice more
 /// on its way there.
 fn prepare<'s, 'r>(
-    req: Request<DownBody>,
+    mut req: Request<DownBody>,
     found: Found,
     ctx: &ConnCtx,
     state: &'s State,
@@ -527,16 +585,17 @@ fn prepare<'s, 'r>(
         grpc,
         own_writer,
         new_id,
+        mut received,
     } = found;
     if req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_none() {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
     let invalid = |e: Invalid| ProxyError::new(Kind::Invalid(e.as_str()));
     // The `Host` field as received: routed on, forwarded, and the default `X-Forwarded-Host`.
-    let host_field = if present.has(Present::HOST) {
-        req.headers().get(header::HOST).cloned()
-    } else {
-        None
+    let host_field = match &received {
+        Some(f) => f.host().cloned(),
+        None if present.has(Present::HOST) => req.headers().get(header::HOST).cloned(),
+        None => None,
     };
     let authority = checked_authority(&req, host_field.as_ref()).map_err(invalid)?;
     let (host_value, host) = match authority {
@@ -565,14 +624,24 @@ fn prepare<'s, 'r>(
         }
     };
     let route_rules = &route.rules;
+    if received.is_some()
+        && (route_rules.uses_request_values() || !route_rules.request_headers.is_empty())
+    {
+        // The route's rules read and write the request's fields in its map.
+        if let Some(f) = received.take() {
+            f.fill(req.headers_mut())
+                .map_err(|e| ProxyError::new(Kind::BadRequest).with_source(e))?;
+        }
+    }
     // The values templates expand to; made only for a route whose rules use them, so a
     // plain route allocates nothing here.
     let values = if route_rules.uses_request_values() {
         let id = req
             .headers()
             .get(&request_id::X_REQUEST_ID)
-            .or(new_id.as_ref())
-            .and_then(|v| v.to_str().ok())
+            .map(HeaderValue::as_bytes)
+            .or(new_id.as_ref().map(request_id::Id::as_bytes))
+            .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or_default()
             .to_owned();
         let h = host
@@ -643,7 +712,7 @@ fn prepare<'s, 'r>(
     let mut added = Added::default();
     if let Some(id) = new_id {
         // First, where the map's insert put it: before the forwarding fields.
-        added.push(request_id::X_REQUEST_ID, id);
+        added.set_id(id);
     }
     let trusted = ctx
         .listener
@@ -684,6 +753,7 @@ fn prepare<'s, 'r>(
                 uri,
                 headers,
                 added,
+                received,
                 body: None,
                 bodyless: true,
                 trailers: trailers.accepts,
@@ -762,6 +832,7 @@ async fn forward(
     };
     if let Some(want) = ready.upgrade.take() {
         let out = &mut ready.out;
+        out.materialize()?;
         let f = crate::upgrade::Forward {
             group: &ready.group,
             method: out.method.clone(),
@@ -828,8 +899,12 @@ async fn forward(
         .flatten();
     let call_start = call_limit.map(|_| Instant::now());
     let resp = send_with_retries(&ready.group, out, idempotent, cap, info, timeouts).await;
-    // The request's fields went out with it: the map's memory serves the next message.
-    crate::headers::recycle_map(std::mem::take(&mut ready.out.headers));
+    // The request's fields went out with it: the map's memory serves the next message. A map
+    // that never held any (fields kept as received) stays: taking it would make a new empty
+    // one to drop as well.
+    if ready.out.headers.capacity() > 0 {
+        crate::headers::recycle_map(std::mem::take(&mut ready.out.headers));
+    }
     let mut resp = resp?;
     if let Some(limit) = call_limit {
         let start = call_start.unwrap_or_else(Instant::now);
@@ -1070,6 +1145,7 @@ async fn attempt(
         if conn.is_h2() {
             out.keep_for_replay(cfg.pool.http2_replay_buffer_bytes);
         }
+        out.materialize()?;
         let Some(mut req) = out.build() else {
             return Err(ProxyError::new(Kind::Reset).on_peer(peer.addr(), false, true));
         };
@@ -1388,6 +1464,7 @@ async fn send_own(
         let req = crate::h1::client::RequestHead {
             method: &out.method,
             uri: &out.uri,
+            received: out.received.as_ref(),
             headers: &out.headers,
             added: &out.added,
             raw_head: out.raw_head,

@@ -7,6 +7,8 @@ use http::{HeaderMap, HeaderValue};
 
 /// The header that carries the id.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// [`X_REQUEST_ID`] in one place, for callers that hand out a reference to it.
+pub(crate) static X_REQUEST_ID_NAME: HeaderName = X_REQUEST_ID;
 
 /// Longest id kept from a client; longer ones are replaced (they would bloat every log line).
 const MAX_LEN: usize = 128;
@@ -33,7 +35,7 @@ pub fn ensure_present(headers: &mut HeaderMap) {
 }
 
 /// Printable and safe in any log format: letters, digits and `-_.:+/=@`, at most 128 bytes.
-fn is_valid(v: &[u8]) -> bool {
+pub(crate) fn is_valid(v: &[u8]) -> bool {
     !v.is_empty()
         && v.len() <= MAX_LEN
         && v.iter()
@@ -42,15 +44,50 @@ fn is_valid(v: &[u8]) -> bool {
 
 /// 128 random bits as 32 lower-case hex digits, like nginx's `$request_id`.
 pub fn generate() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let n: u128 = rand::random();
-    let mut buf = [0u8; 32];
-    // A byte (two digits) at a time: shifting a u128 per digit cost more than the rest.
-    for (pair, byte) in buf.chunks_exact_mut(2).zip(n.to_be_bytes()) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0xf)];
+    Id::new().value()
+}
+
+/// A request id upkeep made, kept as its digits: the request path writes it upstream and in
+/// the access log as bytes, and makes a `HeaderValue` of it (a check of each byte and a copy
+/// into an allocation) only for a client that takes a map.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Id([u8; 32]);
+
+impl Id {
+    /// A new id: 128 random bits as 32 lower-case hex digits.
+    pub fn new() -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let n: u128 = rand::random();
+        let mut buf = [0u8; 32];
+        // A byte (two digits) at a time: shifting a u128 per digit cost more than the rest.
+        for (pair, byte) in buf.chunks_exact_mut(2).zip(n.to_be_bytes()) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 0xf)];
+        }
+        Self(buf)
     }
-    HeaderValue::from_bytes(&buf).expect("hex digits are a valid header value")
+
+    /// The digits.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The id as a header value.
+    pub fn value(&self) -> HeaderValue {
+        HeaderValue::from_bytes(&self.0).expect("hex digits are a valid header value")
+    }
+}
+
+impl Default for Id {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&self.0))
+    }
 }
 
 #[cfg(test)]

@@ -188,6 +188,9 @@ pub struct RequestHead<'a> {
     pub method: &'a Method,
     /// The request target.
     pub uri: &'a Uri,
+    /// The fields as received, sent first (`super::fields`); `headers` then holds only
+    /// what upkeep inserted.
+    pub(crate) received: Option<&'a super::fields::RawFields>,
     /// The header fields.
     pub headers: &'a HeaderMap,
     /// Fields upkeep adds, sent after `headers`.
@@ -210,24 +213,37 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
     let RequestHead {
         method,
         uri,
+        received,
         headers,
         added,
         raw_head,
     } = req;
     let head_request = *method == Method::HEAD;
     let mut b = body.take();
-    // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`.
-    let enc = match b.as_ref().map(|_| headers.get(header::CONTENT_LENGTH)) {
-        None => Enc::Length(0),
-        Some(Some(v)) => Enc::Length(
-            std::str::from_utf8(v.as_bytes())
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .ok_or_else(|| SendError::Body("invalid Content-Length".into()))?,
-        ),
-        Some(None) => Enc::Chunked,
+    // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`. Fields
+    // kept as received have no `Transfer-Encoding`: a body there has its length.
+    let enc = match (&b, received) {
+        (None, _) => Enc::Length(0),
+        (Some(_), Some(f)) => Enc::Length(f.length().unwrap_or(0)),
+        (Some(_), None) => match headers.get(header::CONTENT_LENGTH) {
+            Some(v) => Enc::Length(
+                std::str::from_utf8(v.as_bytes())
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .ok_or_else(|| SendError::Body("invalid Content-Length".into()))?,
+            ),
+            None => Enc::Chunked,
+        },
     };
-    write_head(wire, method, uri, headers, added, enc == Enc::Chunked);
+    write_head(
+        wire,
+        method,
+        uri,
+        received,
+        headers,
+        added,
+        enc == Enc::Chunked,
+    );
     let declared = b.is_some() && headers.contains_key(header::TRAILER);
     let first = b.as_mut().and_then(ReqBody::take_first);
     let mut up = Upload {
@@ -321,21 +337,25 @@ fn write_head<T>(
     wire: &mut Wire<T>,
     method: &Method,
     uri: &Uri,
+    received: Option<&super::fields::RawFields>,
     headers: &HeaderMap,
     added: &crate::headers::Added,
     chunked: bool,
 ) {
     let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let lines = received.map_or(&[][..], super::fields::RawFields::lines);
     let w = &mut wire.wbuf;
-    w.reserve(64 + target.len() + (headers.len() + 3) * 32);
+    w.reserve(64 + target.len() + lines.len() + (headers.len() + 3) * 32);
     w.put_slice(method.as_str().as_bytes());
     w.put_u8(b' ');
     w.put_slice(target.as_bytes());
     w.put_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers.iter().chain(added.iter()) {
+    w.put_slice(lines);
+    let fields = headers.iter().map(|(n, v)| (n, v.as_bytes()));
+    for (name, value) in fields.chain(added.iter()) {
         w.put_slice(name.as_str().as_bytes());
         w.put_slice(b": ");
-        w.put_slice(value.as_bytes());
+        w.put_slice(value);
         w.put_slice(b"\r\n");
     }
     if chunked {

@@ -149,6 +149,8 @@ where
 
         let request::Head {
             mut request,
+            present,
+            fields: received,
             keep_alive,
             http10,
             head_method,
@@ -157,7 +159,6 @@ where
         if let Some(framing) = body {
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
-        let present = Present::of(request.headers());
         let accepts_trailers = present.has(Present::TE)
             && crate::trailers::accepted(request.headers(), request.version());
         // A client that closes meanwhile has left (`handled`).
@@ -171,7 +172,7 @@ where
         // allocated first and the future made straight into it: `Box::pin(async { .. })`
         // makes it on the stack and copies it in.
         let written = Box::into_pin(Box::write(Box::new_uninit(), async {
-            let resp = handled(request, ctx, present, &wire, watch_eof).await?;
+            let resp = handled(request, received, ctx, present, &wire, watch_eof).await?;
             if !close_pending {
                 // Told to close while the request was handled: this response says so. One
                 // look now rather than a branch of the `select!` above, whose every round
@@ -231,6 +232,7 @@ where
 /// buffer.
 async fn handled<IO>(
     request: Box<http::Request<DownBody>>,
+    received: Option<crate::h1::fields::RawFields>,
     ctx: &Arc<ConnCtx>,
     present: Present,
     wire: &Shared<IO>,
@@ -243,7 +245,8 @@ where
         request,
         ctx.clone(),
         present,
-        true
+        true,
+        received
     ));
     loop {
         // The answer first, when the client also left meanwhile.

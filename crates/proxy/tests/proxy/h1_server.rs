@@ -223,3 +223,69 @@ async fn an_expect_request_handed_to_hyper_after_a_bodiless_one_on_the_same_conn
     assert_eq!((seen[1].path.as_str(), seen[1].body_len), ("/upload", 5));
     assert_eq!(seen[2].path, "/after");
 }
+
+/// The header lines of an upstream request head, without the request line.
+fn header_lines(head: &str) -> Vec<String> {
+    head.split("\r\n").skip(1).map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn request_fields_kept_as_received_reach_the_upstream_as_the_maps_path_sends_them() {
+    use crate::support::raw::RawBackend;
+    let b = RawBackend::start(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    // `/plain` forwards the fields as received; `/mapped` has a request header rule (one that
+    // changes nothing here), so its request is made into a map first.
+    let cfg = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = \"127.0.0.1:0\"\n\n\
+         [[route]]\npath = \"/plain\"\ngroup = \"app\"\n\n\
+         [[route]]\npath = \"/mapped\"\ngroup = \"app\"\nrequest_headers = {{ remove = [\"x-never\"] }}\n\n\
+         [groups.app]\nendpoints = [\"{}\"]\n",
+        b.addr()
+    );
+    let up = upkeep(&cfg).await;
+    let mut s = TcpStream::connect(up.listeners[0]).await.unwrap();
+    for path in ["/plain", "/mapped"] {
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: kept.test\r\nX-Multi: 1\r\nConnection: keep-alive\r\n\
+             User-Agent: Kept/1\r\nX-Multi: 2\r\nContent-Length: 3\r\nX-Request-Id: id-{path}\r\n\r\nabc"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let resp = read_until_count(&mut s, "\r\n\r\nok", 1).await;
+        assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    }
+    let seen = b.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|r| r.body == b"abc" && r.complete));
+    let plain = header_lines(&seen[0].head);
+    // In the order received, names lowercased, `Connection` gone; then upkeep's own fields.
+    assert_eq!(
+        plain,
+        [
+            "host: kept.test",
+            "x-multi: 1",
+            "user-agent: Kept/1",
+            "x-multi: 2",
+            "content-length: 3",
+            "x-request-id: id-/plain",
+            "x-forwarded-for: 127.0.0.1",
+            "x-forwarded-proto: http",
+            "x-forwarded-host: kept.test",
+        ],
+        "{}",
+        seen[0].head
+    );
+    // The map's path sends the same lines (a map groups one name's lines together).
+    let by_name = |lines: &[String], id: &str| {
+        let mut l: Vec<String> = lines.iter().map(|l| l.replace(id, "ID")).collect();
+        l.sort_by_key(|l| l.split(':').next().unwrap_or("").to_owned());
+        l
+    };
+    let mapped = header_lines(&seen[1].head);
+    assert_eq!(
+        by_name(&plain, "id-/plain"),
+        by_name(&mapped, "id-/mapped"),
+        "{}",
+        seen[1].head
+    );
+    assert_ne!(plain, mapped, "the map's path groups the repeated field");
+}

@@ -118,7 +118,7 @@ fn serve(data: &[u8], parts: &mut dyn Iterator<Item = &[u8]>) -> (Vec<Event>, En
                         method: req.method().to_string(),
                         target: req.uri().to_string(),
                         http10: h.http10,
-                        headers: fields_of(req.headers()),
+                        headers: fields_of(&map_of(&h)),
                         keep_alive: h.keep_alive,
                         body: h.body,
                     });
@@ -149,6 +149,86 @@ fn serve(data: &[u8], parts: &mut dyn Iterator<Item = &[u8]>) -> (Vec<Event>, En
     (events, End::Partial)
 }
 
+/// The request's fields in a map: its own, or those kept as received.
+fn map_of(h: &request::Head) -> HeaderMap {
+    match &h.fields {
+        Some(f) => {
+            assert!(
+                h.request.headers().is_empty(),
+                "fields both kept and mapped"
+            );
+            let mut map = HeaderMap::new();
+            f.fill(&mut map).expect("kept fields make a map");
+            map
+        }
+        None => h.request.headers().clone(),
+    }
+}
+
+/// The first head of `data` parsed keeping its fields as received where it qualifies, and
+/// parsed into a map: the same verdict, the same request, what stays in the buffer the same,
+/// and the same fields, but for the `Connection` line the kept ones leave out (the map's path
+/// removes it before the request goes upstream). What the request path reads of them
+/// (`Present`) agrees with the fields it reads.
+fn kept_fields_agree_with_the_map(data: &[u8]) {
+    let (mut a, mut b) = (BytesMut::from(data), BytesMut::from(data));
+    let (mut fa, mut fb) = (Fields::new(), Fields::new());
+    let kept = request::parse_with(&mut a, &mut fa, MAX_HEAD, true);
+    let mapped = request::parse_with(&mut b, &mut fb, MAX_HEAD, false);
+    assert_eq!(a, b, "the buffers differ after the two parses");
+    let (kept, mapped) = match (kept, mapped) {
+        (Parsed::Request(k), Parsed::Request(m)) => (k, m),
+        (Parsed::Partial, Parsed::Partial) | (Parsed::HandOver, Parsed::HandOver) => return,
+        _ => panic!("the two parses give different verdicts"),
+    };
+    assert!(mapped.fields.is_none());
+    assert_eq!(
+        mapped.present,
+        crate::headers::Present::of(mapped.request.headers())
+    );
+    let (rk, rm) = (&kept.request, &mapped.request);
+    assert_eq!(
+        (rk.method(), rk.uri(), rk.version()),
+        (rm.method(), rm.uri(), rm.version())
+    );
+    assert_eq!(
+        (kept.keep_alive, kept.http10, kept.head_method, kept.body),
+        (
+            mapped.keep_alive,
+            mapped.http10,
+            mapped.head_method,
+            mapped.body
+        )
+    );
+    let mut want = mapped.request.headers().clone();
+    if let Some(f) = &kept.fields {
+        want.remove(http::header::CONNECTION);
+        assert_eq!(
+            f.host(),
+            want.get(http::header::HOST),
+            "the kept Host is not the field's"
+        );
+        let length = want
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+        assert_eq!(f.length(), length);
+    }
+    let got = map_of(&kept);
+    // By name (a map's removal moves its last field into the gap); one name's values stay
+    // in their order.
+    let by_name = |map: &HeaderMap| {
+        let mut f = fields_of(map);
+        f.sort_by(|a, b| a.0.cmp(&b.0));
+        f
+    };
+    assert_eq!(
+        by_name(&got),
+        by_name(&want),
+        "the kept fields are not the map's"
+    );
+    assert_eq!(kept.present, crate::headers::Present::of(&got));
+}
+
 fn fields_of(map: &HeaderMap) -> Vec<(String, Vec<u8>)> {
     map.iter()
         .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
@@ -171,7 +251,9 @@ fn framing_accepts(data: &[u8]) -> bool {
 ///   same request on;
 /// - it agrees with the framing check (`crate::listener::framing`) on the same bytes: the
 ///   check passes every byte the server served, and a request the server refuses is one
-///   the check refuses too.
+///   the check refuses too;
+/// - a head whose fields are kept as received (`crate::h1::fields`) is the request a map of
+///   them makes, with the same fields but the `Connection` line.
 ///
 /// One difference is by design and folded into "refused": a chunked body found malformed
 /// in the bytes that came with its head gets the request refused whole (handed over, the
@@ -181,6 +263,7 @@ fn framing_accepts(data: &[u8]) -> bool {
 /// answer (`Expect`, `Upgrade`, `CONNECT`, more than 100 fields, 414, 431, targets and
 /// values `http` does not take): they are "handed over", not compared.
 pub fn request_invariants(data: &[u8]) {
+    kept_fields_agree_with_the_map(data);
     let (events, end) = serve(data, &mut std::iter::once(data));
     let split = data.first().map_or(0, |&b| usize::from(b)) % (data.len() + 1);
     let two = serve(data, &mut [&data[..split], &data[split..]].into_iter());
