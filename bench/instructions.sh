@@ -5,10 +5,15 @@
 # run whatever else the machine does, so small changes to the request path can be compared.
 # It leaves out kernel time (system calls, TCP on loopback); bench/proxy.sh measures that.
 #
+# Two counts: GETs with only `Host` (the figure docs/benchmarks.md follows), and GETs with the
+# fields a browser sends (`browser` below).
+#
 # Usage: bench/instructions.sh      (from the repository root; see docs/benchmarks.md)
 # Settings (environment):
 #   REQUESTS   measured requests (default 1000), sent at RATE per second (default 50)
 #   UPKEEP     upkeep binary (default: target/release/upkeep, built when missing)
+#   LOAD       the binary whose `lab load` sends the requests (default: UPKEEP; set it to
+#              measure an older build that lacks `lab load -H`)
 #   BENCH_KEEP=1  keep the temporary directory (callgrind output, logs)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +26,7 @@ for tool in valgrind callgrind_control callgrind_annotate curl ss; do
     command -v "$tool" >/dev/null || die "$tool not found (Debian: apt-get install valgrind curl iproute2)"
 done
 upkeep_bin
+LOAD=${LOAD:-$UPKEEP}
 
 lab_backend backend_port
 free_port proxy_port
@@ -33,20 +39,44 @@ pids+=($!)
 proxy_pid=$!
 wait_ok "$proxy_port" "upkeep serve under callgrind"
 
-# Warm up (connections open, lazy initialisation done), then count only the measured run.
-"$UPKEEP" lab load "http://127.0.0.1:$proxy_port/" --rate "$RATE" --duration 2s >/dev/null 2>&1
-callgrind_control -z "$proxy_pid" >/dev/null 2>&1
-secs=$(awk -v n="$REQUESTS" -v r="$RATE" 'BEGIN { printf "%.3f", n / r }')
-"$UPKEEP" lab load "http://127.0.0.1:$proxy_port/" --rate "$RATE" --duration "${secs}s" --json \
-    >"$work/load.json" 2>"$work/load.log" || die "lab load failed (see $work/load.log)"
-callgrind_control -d "$proxy_pid" >/dev/null 2>&1
-sleep 1
-dump=$(ls -S "$work"/callgrind.out.* 2>/dev/null | head -1)
-[[ -n $dump ]] || die "callgrind wrote no dump"
-total=$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-requests=$(json_field requests "$work/load.json")
-errors=$(json_field errors "$work/load.json")
-((errors == 0)) || die "$errors of $requests requests failed; a count over failures is not a result"
-echo "bench: $("$UPKEEP" --version | head -1), one serving thread, $requests GETs at $RATE/s"
-awk -v t="$total" -v n="$requests" \
-    'BEGIN { printf "bench: %d instructions in upkeep serve, %.1fk per request\n", t, t / n / 1000 }'
+# A navigation request as a browser sends it (HTTP/1.1, 11 fields besides Host): the request
+# shape of real traffic, where per-field work counts; `lab load` alone sends only `Host`.
+browser=(
+    -H "User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+    -H "Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    -H "Accept-Language: en-US,en;q=0.5"
+    -H "Accept-Encoding: gzip, deflate, br"
+    -H "Referer: http://app.test/start"
+    -H "Cookie: session=4f1c2a9e7b3d; theme=dark"
+    -H "Upgrade-Insecure-Requests: 1"
+    -H "Sec-Fetch-Dest: document"
+    -H "Sec-Fetch-Mode: navigate"
+    -H "Sec-Fetch-Site: same-origin"
+    -H "Connection: keep-alive"
+)
+
+# measure NAME [lab load arguments]: warms up (connections open, lazy initialisation done),
+# then counts only the measured run; sets `per_request`.
+measure() {
+    local name=$1
+    shift
+    "$LOAD" lab load "http://127.0.0.1:$proxy_port/" "$@" --rate "$RATE" --duration 2s >/dev/null 2>&1
+    callgrind_control -z "$proxy_pid" >/dev/null 2>&1
+    secs=$(awk -v n="$REQUESTS" -v r="$RATE" 'BEGIN { printf "%.3f", n / r }')
+    "$LOAD" lab load "http://127.0.0.1:$proxy_port/" "$@" --rate "$RATE" --duration "${secs}s" --json \
+        >"$work/load-$name.json" 2>"$work/load-$name.log" || die "lab load failed (see $work/load-$name.log)"
+    callgrind_control --dump="$name" "$proxy_pid" >/dev/null 2>&1
+    sleep 1
+    dump=$(ls -t "$work"/callgrind.out.* 2>/dev/null | head -1)
+    [[ -n $dump ]] || die "callgrind wrote no dump"
+    total=$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+    requests=$(json_field requests "$work/load-$name.json")
+    errors=$(json_field errors "$work/load-$name.json")
+    ((errors == 0)) || die "$errors of $requests requests failed; a count over failures is not a result"
+    per_request=$(awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.1f", t / n / 1000 }')
+    echo "bench: $name: $total instructions in upkeep serve, ${per_request}k per request"
+}
+
+echo "bench: $("$UPKEEP" --version | head -1), one serving thread, $REQUESTS GETs at $RATE/s each"
+measure host-only
+measure browser-fields "${browser[@]}"

@@ -204,18 +204,33 @@ to_ms() {
 }
 
 declare -A rps=() p50=() p99=() errs=() notes=() requests=() cpu=() newconns=()
+# Per request, for the ceiling line at the end: the proxy's user-space CPU, and what wrk and
+# the backend spent (all in microseconds).
+declare -A cpu_user=() cpu_wrk=() cpu_backend=()
 
-# cpu_ticks PID: CPU time (user + system, clock ticks) used so far by PID, its threads and its
-# direct children (nginx workers).
+# cpu_ticks PID [user|system]: CPU time (user + system, or one of them; clock ticks) used so
+# far by PID, its threads and its direct children (nginx workers).
 cpu_ticks() {
-    local pid=$1 p total=0 t
+    local pid=$1 which=${2:-both} p total=0 t
     for p in "$pid" $(pgrep -P "$pid" || true); do
         # Fields 14 and 15 of /proc/PID/stat; the command name (field 2) may hold spaces, so
         # count from after its closing parenthesis.
-        t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null || echo 0)
+        t=$(awk -v w="$which" '{ sub(/^.*\) /, ""); print (w == "user" ? $12 : w == "system" ? $13 : $12 + $13) }' \
+            "/proc/$p/stat" 2>/dev/null || echo 0)
         total=$((total + t))
     done
     echo "$total"
+}
+
+# children_seconds VAR: user + system CPU seconds of this shell's finished children (bash
+# `times`, which must run in this shell, not in a `$(...)` subshell) into VAR.
+children_seconds() {
+    times >"$work/times.txt"
+    printf -v "$1" '%s' "$(awk 'NR == 2 {
+        s = 0
+        for (i = 1; i <= 2; i++) { split($i, a, "m"); sub(/s$/, "", a[2]); s += a[1] * 60 + a[2] }
+        printf "%.3f", s
+    }' "$work/times.txt")"
 }
 TICKS_PER_SEC=$(getconf CLK_TCK)
 
@@ -225,14 +240,27 @@ TICKS_PER_SEC=$(getconf CLK_TCK)
 measure() {
     local name=$1 port=$2 pid=$3 out=$work/wrk-$1.txt c0 c1
     "$WRK" -t "$THREADS" -c "$CONNECTIONS" -d "$WARMUP" "http://127.0.0.1:$port/" >"$out.warmup"
+    local u0 b0 w0 u1 b1 w1
     c0=$(cpu_ticks "$pid")
+    u0=$(cpu_ticks "$pid" user)
+    b0=$(cpu_ticks "$backend_pid")
+    children_seconds w0
     "$WRK" -t "$THREADS" -c "$CONNECTIONS" -d "$DURATION" --latency \
         "http://127.0.0.1:$port/" >"$out"
     c1=$(cpu_ticks "$pid")
+    u1=$(cpu_ticks "$pid" user)
+    b1=$(cpu_ticks "$backend_pid")
+    children_seconds w1
     local n
     n=$(awk '/requests in/ { print $1 }' "$out")
-    cpu[$name]=$(awk -v t=$((c1 - c0)) -v hz="$TICKS_PER_SEC" -v n="$n" \
-        'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }')
+    per_request() {
+        awk -v t="$1" -v hz="$TICKS_PER_SEC" -v n="$n" \
+            'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }'
+    }
+    cpu[$name]=$(per_request $((c1 - c0)))
+    cpu_user[$name]=$(per_request $((u1 - u0)))
+    cpu_backend[$name]=$(per_request $((b1 - b0)))
+    cpu_wrk[$name]=$(awk -v a="$w0" -v b="$w1" -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / n; else print "-" }')
     rps[$name]=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
     p50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
     p99[$name]=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$out")")
@@ -702,6 +730,17 @@ if [[ $hi != "$lo" ]]; then
 fi
 verdict "h2 req/s >= HAProxy" "${rps[upkeep-h2]:-}" ge "${rps[haproxy-h2]:-}" \
     "upkeep ${rps[upkeep-h2]:-?} vs HAProxy ${rps[haproxy-h2]:-?} ($(ratio "${rps[upkeep-h2]:-}" "${rps[haproxy-h2]:-}")x)"
+# What the machine allows at all: were the proxy's user-space time zero (its kernel time left
+# as nginx's), the CPU that wrk, the backend and nginx's kernel time take per request would
+# still cap the rate here. A goal above this ratio cannot be met on this machine.
+n=nginx@c$lo
+if [[ -n ${cpu[$n]:-} && ${cpu[$n]} != - && -n ${cpu_wrk[$n]:-} ]]; then
+    printf 'INFO  %-52s %s\n' "c$lo ceiling with zero proxy user time" "$(awk \
+        -v r="${rps[$n]}" -v p="${cpu[$n]}" -v pu="${cpu_user[$n]}" -v w="${cpu_wrk[$n]}" \
+        -v b="${cpu_backend[$n]}" 'BEGIN {
+            t = w + b + p; c = r * t / (t - pu)
+            printf "%.0f req/s = %.2fx nginx (per request: wrk %.1f us, backend %.1f us, nginx %.1f us of which user %.1f)", c, c / r, w, b, p, pu }')"
+fi
 w1=${rps[upkeep-w1@c$lo]:-} w2=${rps[upkeep-w2@c$lo]:-}
 if [[ -n $w1 && -n $w2 ]]; then
     printf 'INFO  %-52s %s\n' "c$lo --workers 1 vs 2" \
