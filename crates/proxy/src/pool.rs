@@ -354,6 +354,11 @@ impl Pool {
     /// A live idle connection to `peer`, most recently used first; closed, expired and
     /// dirty ones are discarded on the way.
     pub fn checkout(&self, peer: SocketAddr) -> Option<Conn> {
+        self.checkout_at(peer, Instant::now())
+    }
+
+    /// [`Pool::checkout`] with the clock already read (`now`).
+    pub fn checkout_at(&self, peer: SocketAddr, now: Instant) -> Option<Conn> {
         if self.protocol != UpstreamProtocol::Http1 {
             if let Some(stream) = self.h2.checkout(peer, self.cfg.max_age) {
                 self.metrics.pool_event("reused");
@@ -363,7 +368,6 @@ impl Pool {
                 return None;
             }
         }
-        let now = Instant::now();
         let mut discarded = Vec::new();
         let found = {
             let mut idle = self.shard();

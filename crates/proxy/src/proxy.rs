@@ -56,13 +56,19 @@ pub struct ConnCtx {
     pub client_ip: HeaderValue,
 }
 
+/// A response on the heap. It goes up the request path's layers (the exchange, the attempt,
+/// the retries, `forward`, the panic boundary, the handler, the writer) as a pointer: each
+/// layer's result was otherwise moved in and out of its future, 192 bytes at a time.
+pub type Resp = Box<Response<RespBody>>;
+
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
-pub fn handle(
+pub async fn handle(
     req: Request<DownBody>,
     ctx: Arc<ConnCtx>,
-) -> impl std::future::Future<Output = Result<Response<RespBody>, Infallible>> + Send {
+) -> Result<Response<RespBody>, Infallible> {
     let present = Present::of(req.headers());
-    handle_with(Box::new(req), ctx, present, false, None)
+    let Ok(resp) = handle_with(Box::new(req), ctx, present, false, None).await;
+    Ok(*resp)
 }
 
 /// [`handle`] for a caller that has looked at the request's fields already (`present`).
@@ -78,7 +84,7 @@ pub(crate) async fn handle_with(
     present: Present,
     own_writer: bool,
     received: Option<RawFields>,
-) -> Result<Response<RespBody>, Infallible> {
+) -> Result<Resp, Infallible> {
     let start = Instant::now();
     let shared = ctx.shared.clone();
     shared.metrics.requests.inc();
@@ -148,7 +154,7 @@ pub(crate) async fn handle_with(
                 tracing::warn!(cause = e.cause().as_str(), error = %e, path = %path, "request failed");
             }
             (
-                rescue::response_for(&e, grpc),
+                Box::new(rescue::response_for(&e, grpc)),
                 Some(e.cause().as_str()),
                 e.detail(),
             )
@@ -547,7 +553,7 @@ fn caught_forward<'a>(
     state: &'a State,
     bytes_in: &'a Arc<AtomicU64>,
     info: &'a mut AttemptInfo,
-) -> CatchPanic<impl std::future::Future<Output = Result<Response<RespBody>, ProxyError>> + 'a> {
+) -> CatchPanic<impl std::future::Future<Output = Result<Resp, ProxyError>> + 'a> {
     CatchPanic::new(forward(req, found, ctx, state, bytes_in, info))
 }
 
@@ -824,10 +830,10 @@ async fn forward(
     state: &State,
     bytes_in: &Arc<AtomicU64>,
     info: &mut AttemptInfo,
-) -> Result<Response<RespBody>, ProxyError> {
+) -> Result<Resp, ProxyError> {
     let mut slot = None;
     let (ready, body) = match prepare(*req, found, ctx, state, info, &mut slot)? {
-        Step::Answered(resp) => return Ok(resp),
+        Step::Answered(resp) => return Ok(Box::new(resp)),
         Step::Forward(ready, body) => (ready, body),
     };
     if let Some(want) = ready.upgrade.take() {
@@ -846,7 +852,8 @@ async fn forward(
             info.attempts += 1;
             info.peer = Some(p.clone());
         }))
-        .await;
+        .await
+        .map(Box::new);
     }
     let route_rules = ready.rules;
 
@@ -908,7 +915,7 @@ async fn forward(
     let mut resp = resp?;
     if let Some(limit) = call_limit {
         let start = call_start.unwrap_or_else(Instant::now);
-        resp = resp.map(|b| b.with_call_deadline(start + limit));
+        resp = Box::new(resp.map(|b| b.with_call_deadline(start + limit)));
     }
     if !route_rules.response_headers.is_empty() {
         rules::apply_headers(
@@ -939,7 +946,7 @@ async fn send_with_retries(
     cap: Option<Duration>,
     info: &mut AttemptInfo,
     timeouts: RouteTimeouts,
-) -> Result<Response<RespBody>, ProxyError> {
+) -> Result<Resp, ProxyError> {
     let cfg = group.config();
     let started = Instant::now();
     let deadline = started
@@ -1014,7 +1021,7 @@ async fn send_with_retries(
         info.attempts += 1;
         info.peer = Some(peer.clone());
         let sent_at = now;
-        match attempt(group, &peer, out, deadline, try_timeout).await {
+        match attempt(group, &peer, out, deadline, try_timeout, now).await {
             Ok(resp) => {
                 group.record_success(&peer, sent_at);
                 group.connect_window_recovered();
@@ -1068,16 +1075,21 @@ async fn send_with_retries(
 
 /// One attempt on one peer. A reused connection that turns out closed before any response
 /// byte arrived is a pool event: the request is replayed on a fresh connection when safe.
+/// `now`: the clock as the peer was picked, for the pool's look at idle deadlines and the
+/// per-try timer of a request that goes out on a pooled connection at once (a new connection,
+/// or a second try, reads the clock again).
 async fn attempt(
     group: &Arc<Group>,
     peer: &Arc<Peer>,
     out: &mut Outgoing,
     deadline: Instant,
     try_timeout: Duration,
-) -> Result<Response<RespBody>, ProxyError> {
+    now: Instant,
+) -> Result<Resp, ProxyError> {
     let cfg = group.config();
     let pool = group.pool();
     let mut fresh_only = false;
+    let mut clock = Some(now);
     // HTTP/2 streams the peer refused unprocessed are sent again; a peer that refuses every
     // stream gets a bounded number of tries.
     let mut h2_replays = 0;
@@ -1095,13 +1107,15 @@ async fn attempt(
         let mut conn = match if fresh_only || continue_gate.is_some() {
             None
         } else {
-            pool.checkout(peer.addr())
+            pool.checkout_at(peer.addr(), clock.unwrap_or_else(Instant::now))
         } {
             Some(c) => c,
             None => {
                 let timeout = cfg
                     .connect_timeout
                     .min(deadline.saturating_duration_since(Instant::now()));
+                // The request goes out after the handshake: its try timer starts then.
+                clock = None;
                 match connect(pool, peer.addr(), timeout, own, continue_gate).await {
                     Ok(c) => c,
                     Err(ConnectError::Full(_)) => {
@@ -1133,7 +1147,8 @@ async fn attempt(
             }
         };
         if own && conn.wire_mut().is_some() {
-            match send_own(group, peer, out, conn, deadline, try_timeout).await {
+            let sent_at = clock.take().unwrap_or_else(Instant::now);
+            match send_own(group, peer, out, conn, deadline, try_timeout, sent_at).await {
                 Ok(resp) => return Ok(resp),
                 Err(Some(e)) => return Err(e),
                 Err(None) => {
@@ -1164,7 +1179,7 @@ async fn attempt(
             }
             Ok(Ok(resp)) => {
                 let resp = crate::expect::on_response(gate.as_ref(), resp);
-                return Ok(upstream_response(resp, group, conn, out.trailers));
+                return Ok(Box::new(upstream_response(resp, group, conn, out.trailers)));
             }
             Ok(Err(mut e)) => {
                 let handed_back = match e.take_message() {
@@ -1426,7 +1441,8 @@ async fn send_own(
     mut conn: crate::pool::Conn,
     deadline: Instant,
     try_timeout: Duration,
-) -> Result<Response<RespBody>, Option<ProxyError>> {
+    now: Instant,
+) -> Result<Resp, Option<ProxyError>> {
     use crate::h1::client::SendError;
     let addr = peer.addr();
     let reused = conn.is_reused();
@@ -1453,7 +1469,7 @@ async fn send_own(
     // No body going out (most requests): the connection's own timer (`Wire::take_timer`).
     let timer = match progress {
         None => {
-            let due = (Instant::now() + try_timeout).min(deadline);
+            let due = (now + try_timeout).min(deadline);
             futures_util::future::Either::Left((wire.take_timer(due), due))
         }
         Some(progress) => futures_util::future::Either::Right(progress),
@@ -1567,10 +1583,10 @@ async fn send_own(
         crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle),
     );
     streaming.set_raw_head(head.raw);
-    Ok(Response::from_parts(
+    Ok(Box::new(Response::from_parts(
         parts,
         RespBody::own(streaming, group.config().read_timeout),
-    ))
+    )))
 }
 
 /// A body error seen by upkeep's own codec (or wrapped by hyper's client): the client went

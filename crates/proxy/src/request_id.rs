@@ -47,6 +47,18 @@ pub fn generate() -> HeaderValue {
     Id::new().value()
 }
 
+/// The two lower-case hex digits of each byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
 /// A request id upkeep made, kept as its digits: the request path writes it upstream and in
 /// the access log as bytes, and makes a `HeaderValue` of it (a check of each byte and a copy
 /// into an allocation) only for a client that takes a map.
@@ -56,13 +68,12 @@ pub struct Id([u8; 32]);
 impl Id {
     /// A new id: 128 random bits as 32 lower-case hex digits.
     pub fn new() -> Self {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let n: u128 = rand::random();
         let mut buf = [0u8; 32];
-        // A byte (two digits) at a time: shifting a u128 per digit cost more than the rest.
+        // A byte (two digits) at a time from a table of the 256 pairs: shifting a u128 per
+        // digit cost more than the rest, and a digit at a time twice the table's look.
         for (pair, byte) in buf.chunks_exact_mut(2).zip(n.to_be_bytes()) {
-            pair[0] = HEX[usize::from(byte >> 4)];
-            pair[1] = HEX[usize::from(byte & 0xf)];
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
         }
         Self(buf)
     }

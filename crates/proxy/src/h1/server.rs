@@ -237,7 +237,7 @@ async fn handled<IO>(
     present: Present,
     wire: &Shared<IO>,
     mut watch_eof: bool,
-) -> Option<http::Response<crate::body::RespBody>>
+) -> Option<crate::proxy::Resp>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {

@@ -101,7 +101,9 @@ impl Group {
     /// [`known_down`](Self::known_down) with the clock already read (`now`).
     pub fn known_down_at(self: &Arc<Self>, now: Instant) -> bool {
         let window = self.config().retry.connect_retry_window;
-        if window.is_zero() {
+        // Most requests find no peer failing: one load, not the peer set's (a shared count
+        // taken and given back).
+        if window.is_zero() || self.down.all_since_ms.load(Ordering::Acquire) == 0 {
             return false;
         }
         let set = self.peers();

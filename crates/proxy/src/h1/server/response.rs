@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Response, StatusCode};
+use http::StatusCode;
 use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::wire::Shared;
-use crate::body::RespBody;
 use crate::headers::KEEP_ALIVE;
 use crate::listener::ConnActivity;
 
@@ -216,12 +215,12 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
     wire: &Shared<IO>,
     wbuf: &mut BytesMut,
     pending: &mut Vec<Bytes>,
-    resp: Response<RespBody>,
+    resp: crate::proxy::Resp,
     req: &Answering<'_>,
     send_timeout: Duration,
     activity: &ConnActivity,
 ) -> io::Result<bool> {
-    let (parts, mut body) = resp.into_parts();
+    let (parts, mut body) = (*resp).into_parts();
     let status = parts.status;
     let informational = status.is_informational();
     let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
@@ -550,6 +549,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::RespBody;
+    use http::Response;
     use tokio::io::AsyncReadExt;
 
     async fn written(resp: Response<RespBody>, req: Answering<'_>) -> (String, bool) {
@@ -561,7 +562,7 @@ mod tests {
             &wire,
             &mut wbuf,
             &mut Vec::new(),
-            resp,
+            Box::new(resp),
             &req,
             Duration::from_secs(1),
             &activity,
