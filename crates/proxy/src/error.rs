@@ -175,8 +175,11 @@ pub(crate) enum Kind {
     NoUpgrade,
 }
 
-/// A classified proxy failure.
-pub struct ProxyError {
+/// A classified proxy failure. On the heap: a request path's results are `Result`s of it,
+/// moved up through each layer on success too, where only a pointer's worth is then moved.
+pub struct ProxyError(Box<Failure>);
+
+struct Failure {
     kind: Kind,
     peer: Option<SocketAddr>,
     reused: bool,
@@ -188,41 +191,41 @@ pub struct ProxyError {
 
 impl ProxyError {
     pub(crate) fn new(kind: Kind) -> Self {
-        Self {
+        Self(Box::new(Failure {
             kind,
             peer: None,
             reused: false,
             written: false,
             unanswered: false,
             source: None,
-        }
+        }))
     }
 
     pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
+        self.0.source = Some(source.into());
         self
     }
 
     pub(crate) fn on_peer(mut self, peer: SocketAddr, reused: bool, written: bool) -> Self {
-        self.peer = Some(peer);
-        self.reused = reused;
-        self.written = written;
+        self.0.peer = Some(peer);
+        self.0.reused = reused;
+        self.0.written = written;
         self
     }
 
     /// The connection failed before any response byte was read from it.
     pub(crate) fn unanswered(mut self, unanswered: bool) -> Self {
-        self.unanswered = unanswered;
+        self.0.unanswered = unanswered;
         self
     }
 
     pub(crate) fn kind(&self) -> &Kind {
-        &self.kind
+        &self.0.kind
     }
 
     /// The cause code for this failure.
     pub fn cause(&self) -> Cause {
-        match self.kind {
+        match self.0.kind {
             Kind::NoRoute => Cause::NoRoute,
             Kind::NoPeers(_) => Cause::NoPeers,
             Kind::Connect | Kind::ConnectTimeout => Cause::ConnectFailed,
@@ -241,7 +244,7 @@ impl ProxyError {
 
     /// Extra detail for the cause (the no_peers reason).
     pub fn detail(&self) -> Option<&'static str> {
-        match self.kind {
+        match self.0.kind {
             Kind::NoPeers(r) => Some(r.as_str()),
             Kind::ConnectTimeout => Some("connect_timeout"),
             Kind::Invalid(r) => Some(r),
@@ -253,13 +256,13 @@ impl ProxyError {
 
     /// The failure happened before the upstream could have seen any request byte.
     pub fn is_connect(&self) -> bool {
-        matches!(self.kind, Kind::Connect | Kind::ConnectTimeout)
+        matches!(self.0.kind, Kind::Connect | Kind::ConnectTimeout)
     }
 
     /// The failure is the client's or upkeep's own, never to be held against the peer.
     pub fn is_peer_blameless(&self) -> bool {
         matches!(
-            self.kind,
+            self.0.kind,
             Kind::BadRequest
                 | Kind::ClientTimeout
                 | Kind::PeerFull
@@ -273,33 +276,34 @@ impl ProxyError {
     /// just closed does to the connections still in its accept queue). A malformed answer is
     /// not one of these.
     pub fn is_peer_unreachable(&self) -> bool {
-        self.is_connect() || (matches!(self.kind, Kind::Reset) && !self.reused && self.unanswered)
+        self.is_connect()
+            || (matches!(self.0.kind, Kind::Reset) && !self.0.reused && self.0.unanswered)
     }
 
     /// The failure happened on a connection taken from the pool.
     pub fn is_reused(&self) -> bool {
-        self.reused
+        self.0.reused
     }
 
     /// Some request bytes reached the socket before the failure.
     pub fn is_written(&self) -> bool {
-        self.written
+        self.0.written
     }
 
     /// The peer the failure happened on, if any.
     pub fn peer(&self) -> Option<SocketAddr> {
-        self.peer
+        self.0.peer
     }
 }
 
 impl fmt::Debug for ProxyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProxyError")
-            .field("kind", &self.kind)
-            .field("peer", &self.peer)
-            .field("reused", &self.reused)
-            .field("written", &self.written)
-            .field("source", &self.source)
+            .field("kind", &self.0.kind)
+            .field("peer", &self.0.peer)
+            .field("reused", &self.0.reused)
+            .field("written", &self.0.written)
+            .field("source", &self.0.source)
             .finish()
     }
 }
@@ -310,10 +314,10 @@ impl fmt::Display for ProxyError {
         if let Some(d) = self.detail() {
             write!(f, " ({d})")?;
         }
-        if let Some(p) = self.peer {
+        if let Some(p) = self.0.peer {
             write!(f, " peer {p}")?;
         }
-        if let Some(s) = &self.source {
+        if let Some(s) = &self.0.source {
             write!(f, ": {s}")?;
         }
         Ok(())
@@ -322,6 +326,6 @@ impl fmt::Display for ProxyError {
 
 impl std::error::Error for ProxyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as _)
+        self.0.source.as_deref().map(|e| e as _)
     }
 }

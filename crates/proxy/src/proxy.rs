@@ -129,7 +129,6 @@ pub(crate) async fn handle_with(
     let grpc = present.has(Present::CONTENT_TYPE)
         && received.is_none()
         && crate::grpc::is_grpc(req.headers());
-    let bytes_in = Arc::new(AtomicU64::new(0));
     let mut info = AttemptInfo::default();
 
     let found = Found {
@@ -138,8 +137,9 @@ pub(crate) async fn handle_with(
         own_writer,
         new_id,
         received,
+        start,
     };
-    let result = caught_forward(req, found, &ctx, &state, &bytes_in, &mut info)
+    let result = caught_forward(req, found, &ctx, &state, &mut info)
         .await
         .unwrap_or_else(|Panicked(why)| {
             tracing::error!(cause = "internal", panic = %why, method = %method, path = %path, "request handler panicked; answered 500");
@@ -220,7 +220,7 @@ pub(crate) async fn handle_with(
         shared,
         start,
         record,
-        bytes_in,
+        bytes_in: info.bytes_in.take(),
         _in_flight: in_flight,
     };
     // An upgraded connection logs its line when it ends, with the bytes it carried.
@@ -238,7 +238,8 @@ struct Done {
     /// `None` when the access log is off. Boxed: `Done` is moved into its own box per
     /// request, a pointer's worth rather than the whole line's when the log is off.
     record: Option<Box<Record>>,
-    bytes_in: Arc<AtomicU64>,
+    /// The request body's bytes, counted as they go upstream; `None`: it had none.
+    bytes_in: Option<Arc<AtomicU64>>,
     _in_flight: InFlight,
 }
 
@@ -271,7 +272,7 @@ impl OnDone for Done {
         }
         record.duration_ms = millis(start.elapsed());
         record.bytes_out = bytes;
-        record.bytes_in = bytes_in.load(Ordering::Relaxed);
+        record.bytes_in = bytes_in.map_or(0, |b| b.load(Ordering::Relaxed));
         record.incomplete = !complete;
         shared.access_log.log(*record);
     }
@@ -441,6 +442,16 @@ struct AttemptInfo {
     attempts: u32,
     /// The route answered itself (`redirect`, `respond`): the response is upkeep's.
     answered: bool,
+    /// The request body's bytes as they go upstream (made only for a request with a body:
+    /// most have none, and a counter is an allocation).
+    bytes_in: Option<Arc<AtomicU64>>,
+}
+
+impl AttemptInfo {
+    /// The body's byte counter, made at the first ask.
+    fn body_counter(&mut self) -> Arc<AtomicU64> {
+        self.bytes_in.get_or_insert_with(Default::default).clone()
+    }
 }
 
 /// The request to send upstream, rebuildable for retries while its body is not consumed.
@@ -551,10 +562,9 @@ fn caught_forward<'a>(
     found: Found,
     ctx: &'a ConnCtx,
     state: &'a State,
-    bytes_in: &'a Arc<AtomicU64>,
     info: &'a mut AttemptInfo,
 ) -> CatchPanic<impl std::future::Future<Output = Result<Resp, ProxyError>> + 'a> {
-    CatchPanic::new(forward(req, found, ctx, state, bytes_in, info))
+    CatchPanic::new(forward(req, found, ctx, state, info))
 }
 
 /// What the handler found out about a request before forwarding it.
@@ -570,6 +580,9 @@ struct Found {
     new_id: Option<request_id::Id>,
     /// The fields as received, the request's map empty (see [`handle_with`]).
     received: Option<RawFields>,
+    /// When the handler took the request: the retries' start when nothing was awaited
+    /// since (no clock read of their own).
+    start: Instant,
 }
 
 /// `forward`'s work before its first wait, in a plain function: its locals (the request's
@@ -592,6 +605,7 @@ fn prepare<'s, 'r>(
         own_writer,
         new_id,
         mut received,
+        start: _,
     } = found;
     if req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_none() {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
@@ -630,9 +644,9 @@ fn prepare<'s, 'r>(
         }
     };
     let route_rules = &route.rules;
-    if received.is_some()
-        && (route_rules.uses_request_values() || !route_rules.request_headers.is_empty())
-    {
+    // Looked at three times below; each look is three collections'.
+    let request_rules = !route_rules.request_headers.is_empty();
+    if received.is_some() && (route_rules.uses_request_values() || request_rules) {
         // The route's rules read and write the request's fields in its map.
         if let Some(f) = received.take() {
             f.fill(req.headers_mut())
@@ -737,13 +751,13 @@ fn prepare<'s, 'r>(
         host_field.as_ref(),
         &mut added,
     );
-    if upgrade.is_some() || !route_rules.request_headers.is_empty() {
+    if upgrade.is_some() || request_rules {
         // The upgrade path sends the map as it is, and a route's rules may change or remove
         // what upkeep added.
         added.move_into(&mut headers);
     }
     // After upkeep's own headers, so a route can override them (nginx `proxy_set_header`).
-    if !route_rules.request_headers.is_empty() {
+    if request_rules {
         rules::apply_headers(
             &route_rules.request_headers,
             &mut headers,
@@ -828,10 +842,11 @@ async fn forward(
     found: Found,
     ctx: &ConnCtx,
     state: &State,
-    bytes_in: &Arc<AtomicU64>,
     info: &mut AttemptInfo,
 ) -> Result<Resp, ProxyError> {
     let mut slot = None;
+    // The retries' start, unless the client's body is awaited first.
+    let mut clock = Some(found.start);
     let (ready, body) = match prepare(*req, found, ctx, state, info, &mut slot)? {
         Step::Answered(resp) => return Ok(Box::new(resp)),
         Step::Forward(ready, body) => (ready, body),
@@ -845,7 +860,7 @@ async fn forward(
             uri: std::mem::take(&mut out.uri),
             headers: std::mem::take(&mut out.headers),
             metrics: ctx.shared.metrics.clone(),
-            bytes_in: bytes_in.clone(),
+            bytes_in: info.body_counter(),
             shutdown_timeout: state.config.lifecycle.shutdown_timeout,
         };
         return boxed(crate::upgrade::forward(want, f, &mut |p| {
@@ -864,12 +879,14 @@ async fn forward(
     } else if ready.expects_continue {
         // The upstream decides whether the client uploads: nothing is read before it asks.
         Some(
-            ReqBody::gated(body, bytes_in.clone(), ctx.listener.client_body_timeout)
+            ReqBody::gated(body, info.body_counter(), ctx.listener.client_body_timeout)
                 .with_limit(route_rules.max_body_bytes),
         )
     } else {
         let mut body = body;
         let timeout = ctx.listener.client_body_timeout;
+        // Time waiting for the client is not the deadline's.
+        clock = None;
         match tokio::time::timeout(timeout, body.frame()).await {
             Err(_) => {
                 count_client_body_timeout(&ctx.shared.metrics);
@@ -884,7 +901,7 @@ async fn forward(
                 if limit.is_some_and(|max| len > max) {
                     return Err(ProxyError::new(Kind::BodyTooLarge));
                 }
-                Some(ReqBody::stream(first, body, bytes_in.clone(), timeout).with_limit(limit))
+                Some(ReqBody::stream(first, body, info.body_counter(), timeout).with_limit(limit))
             }
         }
     };
@@ -905,7 +922,8 @@ async fn forward(
         .then(|| crate::grpc::call_limit(&out.headers, route_rules.deadline))
         .flatten();
     let call_start = call_limit.map(|_| Instant::now());
-    let resp = send_with_retries(&ready.group, out, idempotent, cap, info, timeouts).await;
+    let started = clock.unwrap_or_else(Instant::now);
+    let resp = send_with_retries(&ready.group, out, idempotent, cap, info, timeouts, started).await;
     // The request's fields went out with it: the map's memory serves the next message. A map
     // that never held any (fields kept as received) stays: taking it would make a new empty
     // one to drop as well.
@@ -946,9 +964,9 @@ async fn send_with_retries(
     cap: Option<Duration>,
     info: &mut AttemptInfo,
     timeouts: RouteTimeouts,
+    started: Instant,
 ) -> Result<Resp, ProxyError> {
     let cfg = group.config();
-    let started = Instant::now();
     let deadline = started
         + cap.map_or(timeouts.deadline.unwrap_or(cfg.deadline), |c| {
             c.min(timeouts.deadline.unwrap_or(cfg.deadline))
@@ -1562,7 +1580,9 @@ async fn send_own(
     let (mut parts, ()) = Response::new(()).into_parts();
     parts.status = head.status;
     parts.version = head.version;
-    parts.headers = head.headers;
+    if let Some(map) = head.headers {
+        parts.headers = map;
+    }
     let idle = match &head.raw {
         // Nothing to rewrite: the head holds no hop-by-hop field but `Connection` and
         // `Keep-Alive`, which stay behind, and no `Trailer`.

@@ -274,7 +274,7 @@ pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
         // again.
         let mut may_read = true;
         loop {
-            let mut progress = up.poll_send(wire, cx)?;
+            let mut progress = up.poll_upload(wire, cx)?;
             if may_read {
                 if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
                     wire.rbuf.reserve(READ_CHUNK);
@@ -428,6 +428,21 @@ impl Upload {
     /// Moves the upload on: writes what is queued, then takes the next body frame. `Ok(true)`
     /// when something moved. A write error stops the upload (the response may still come:
     /// an upstream that refuses an upload answers and closes); a body error fails it.
+    #[inline]
+    fn poll_upload<T: AsyncWrite + Unpin>(
+        &mut self,
+        wire: &mut Wire<T>,
+        cx: &mut Context<'_>,
+    ) -> Result<bool, SendError> {
+        // Once every byte went out (after the first poll, for a bodiless request) there is
+        // nothing to move: no call, for each of the exchange's and the body's later polls.
+        if self.done {
+            return Ok(false);
+        }
+        self.poll_send(wire, cx)
+    }
+
+    /// The work of [`Upload::poll_upload`].
     pub fn poll_send<T: AsyncWrite + Unpin>(
         &mut self,
         wire: &mut Wire<T>,
@@ -606,7 +621,7 @@ impl Reading {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Read, BodyError>> {
         // The upload goes on while the response streams (an echoing upstream needs it).
-        if let Err(e) = self.upload.poll_send(wire, cx) {
+        if let Err(e) = self.upload.poll_upload(wire, cx) {
             return Poll::Ready(Err(match e {
                 SendError::Body(b) => BodyError::Upload(b),
                 SendError::Io(e) => BodyError::Io(e),

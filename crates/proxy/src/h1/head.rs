@@ -41,8 +41,8 @@ pub struct Head {
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
     /// The header fields as sent; `Content-Length` is dropped under `chunked`, and from a 204.
-    /// Empty when the head is passed on as received (`raw`).
-    pub headers: HeaderMap,
+    /// `None` when the head is passed on as received (`raw`): no map is made, nor one to drop.
+    pub headers: Option<HeaderMap>,
     /// How the body is delimited.
     pub framing: Framing,
     /// The upstream allows another request on this connection after this response.
@@ -50,6 +50,14 @@ pub struct Head {
     /// The fields as received, when the caller asked for them that way and the head allows it
     /// (see [`RawHead`]); `headers` is then empty.
     pub raw: Option<RawHead>,
+}
+
+impl Head {
+    /// The header fields in a map; an empty one when the head is passed on as received.
+    pub fn map(&self) -> &HeaderMap {
+        static EMPTY: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+        self.headers.as_ref().unwrap_or(&EMPTY)
+    }
 }
 
 /// A response head passed on as received, for upkeep's own HTTP/1 server: no `HeaderMap` is
@@ -290,7 +298,7 @@ pub fn parse_with(
     let mut head = Head {
         status,
         version,
-        headers: HeaderMap::new(),
+        headers: None,
         framing,
         keep_alive,
         raw: None,
@@ -326,7 +334,7 @@ pub fn parse_with(
             .map_err(|_| BadResponse("invalid header value"))?;
         headers.append(name, value);
     }
-    head.headers = headers;
+    head.headers = Some(headers);
     Ok(Parsed::Final(head, len))
 }
 
@@ -517,11 +525,11 @@ pub fn raw_agrees_with_map(data: &[u8], head_request: bool) {
         (r.status, r.version, r.framing, r.keep_alive)
     );
     let Some(raw) = r.raw else {
-        assert_eq!(m.headers, r.headers);
+        assert_eq!(m.map(), r.map());
         return;
     };
     assert!(!head_request, "a response to HEAD is never passed on");
-    assert!(r.headers.is_empty());
+    assert!(r.headers.is_none(), "no map is made");
     let hop = |n: &str| {
         matches!(
             n,
@@ -529,7 +537,7 @@ pub fn raw_agrees_with_map(data: &[u8], head_request: bool) {
         )
     };
     let mut want: Vec<(String, Vec<u8>)> = m
-        .headers
+        .map()
         .iter()
         .filter(|(n, _)| !hop(n.as_str()))
         .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
@@ -555,16 +563,16 @@ pub fn raw_agrees_with_map(data: &[u8], head_request: bool) {
     got.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(want, got);
     let length = m
-        .headers
+        .map()
         .get(http::header::CONTENT_LENGTH)
         .map(|v| content_length(v.as_bytes()).expect("a length the parse took"));
     assert_eq!(raw.length, length);
     assert_eq!(
         raw.chunked,
-        m.headers.contains_key(http::header::TRANSFER_ENCODING)
+        m.map().contains_key(http::header::TRANSFER_ENCODING)
     );
-    assert_eq!(raw.date, m.headers.contains_key(http::header::DATE));
-    assert_eq!(raw.keepalive_hint, crate::pool::keepalive_hint(&m.headers));
+    assert_eq!(raw.date, m.map().contains_key(http::header::DATE));
+    assert_eq!(raw.keepalive_hint, crate::pool::keepalive_hint(m.map()));
 }
 
 #[cfg(test)]
@@ -646,7 +654,7 @@ mod tests {
         assert_eq!(h.status, StatusCode::OK);
         assert_eq!(h.framing, Framing::Length(5));
         assert!(h.keep_alive);
-        assert_eq!(h.headers["x-a"], "b");
+        assert_eq!(h.map()["x-a"], "b");
     }
 
     #[test]
@@ -664,7 +672,7 @@ mod tests {
         let raw = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
         let (h, _) = final_head(raw, false).unwrap();
         assert_eq!(h.framing, Framing::Chunked);
-        assert!(!h.headers.contains_key(header::CONTENT_LENGTH));
+        assert!(!h.map().contains_key(header::CONTENT_LENGTH));
     }
 
     #[test]
@@ -672,7 +680,7 @@ mod tests {
         let (h, _) = final_head("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", true).unwrap();
         assert_eq!(h.framing, Framing::Empty);
         assert_eq!(
-            h.headers[header::CONTENT_LENGTH],
+            h.map()[header::CONTENT_LENGTH],
             "10",
             "HEAD keeps its length"
         );
@@ -682,7 +690,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(h.framing, Framing::Empty);
-        assert!(!h.headers.contains_key(header::CONTENT_LENGTH));
+        assert!(!h.map().contains_key(header::CONTENT_LENGTH));
         let (h, _) = final_head("HTTP/1.1 304 Not Modified\r\n\r\n", false).unwrap();
         assert_eq!(h.framing, Framing::Empty);
     }
@@ -763,7 +771,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            keepalive_hint(&h.headers),
+            keepalive_hint(h.map()),
             Some(std::time::Duration::from_secs(5))
         );
     }
@@ -791,7 +799,7 @@ mod tests {
         assert_eq!(r.length, Some(5));
         assert!(!r.chunked);
         assert_eq!(r.keepalive_hint, Some(std::time::Duration::from_secs(5)));
-        assert!(h.headers.is_empty());
+        assert!(h.headers.is_none());
         assert!(h.keep_alive);
         assert_eq!(h.framing, Framing::Length(5));
         raw_agrees_with_map(raw.as_bytes(), false);
@@ -841,7 +849,7 @@ mod tests {
         for (raw, head_request) in cases {
             let h = passed_on(raw, head_request);
             assert!(h.raw.is_none(), "{raw:?}");
-            assert!(!h.headers.is_empty(), "{raw:?}");
+            assert!(!h.map().is_empty(), "{raw:?}");
             raw_agrees_with_map(raw.as_bytes(), head_request);
         }
         // Not asked for: never passed on.
@@ -851,7 +859,7 @@ mod tests {
         )
         .unwrap();
         assert!(h.raw.is_none());
-        assert_eq!(h.headers["x-a"], "1");
+        assert_eq!(h.map()["x-a"], "1");
     }
 
     /// Generated heads: every kind of field in any case, with odd spacing, repeated, in any
