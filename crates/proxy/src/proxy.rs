@@ -61,29 +61,50 @@ pub struct ConnCtx {
 /// layer's result was otherwise moved in and out of its future, 192 bytes at a time.
 pub type Resp = Box<Response<RespBody>>;
 
+/// A downstream request as the handler takes it: with its fields as received when
+/// upkeep's own HTTP/1 server kept them so (`crate::h1::fields`; the request's map is then
+/// empty). One box for both, which each layer of the request's future holds as a pointer; it
+/// reads as the request it carries.
+pub(crate) struct DownRequest {
+    pub(crate) req: Request<DownBody>,
+    pub(crate) fields: Option<RawFields>,
+}
+
+impl std::ops::Deref for DownRequest {
+    type Target = Request<DownBody>;
+    fn deref(&self) -> &Request<DownBody> {
+        &self.req
+    }
+}
+
+impl std::ops::DerefMut for DownRequest {
+    fn deref_mut(&mut self) -> &mut Request<DownBody> {
+        &mut self.req
+    }
+}
+
 /// Handles one downstream request; never fails (failures become responses in `rescue`).
 pub async fn handle(
     req: Request<DownBody>,
     ctx: Arc<ConnCtx>,
 ) -> Result<Response<RespBody>, Infallible> {
     let present = Present::of(req.headers());
-    let Ok(resp) = handle_with(Box::new(req), ctx, present, false, None).await;
+    let down = Box::new(DownRequest { req, fields: None });
+    let Ok(resp) = handle_with(down, ctx, present, false).await;
     Ok(*resp)
 }
 
 /// [`handle`] for a caller that has looked at the request's fields already (`present`).
 /// `own_writer`: the response goes to upkeep's own HTTP/1 server, which writes an upstream
 /// head passed on as received (`crate::h1::head::RawHead`); any other writer needs every
-/// field in the response's map. `received`: the own server kept the request's fields as
-/// received (`crate::h1::fields`), and its map is empty. The request comes boxed: each layer
-/// of the request's future (this one, the panic boundary, `forward`) keeps what it was called
-/// with for as long as it runs, a pointer rather than the request's 272 bytes.
+/// field in the response's map. The request comes boxed: each layer of the request's future
+/// (this one, the panic boundary, `forward`) keeps what it was called with for as long as it
+/// runs, a pointer rather than the request's 272 bytes and its kept fields.
 pub(crate) async fn handle_with(
-    mut req: Box<Request<DownBody>>,
+    mut req: Box<DownRequest>,
     ctx: Arc<ConnCtx>,
     present: Present,
     own_writer: bool,
-    received: Option<RawFields>,
 ) -> Result<Resp, Infallible> {
     let start = Instant::now();
     let shared = ctx.shared.clone();
@@ -104,7 +125,7 @@ pub(crate) async fn handle_with(
     // custom name and a probe.
     let new_id = if present.has(Present::X_REQUEST_ID) {
         // Fields kept as received hold one valid id (`crate::h1::fields`): kept as it is.
-        if received.is_none() {
+        if req.fields.is_none() {
             request_id::ensure_present(req.headers_mut());
         }
         None
@@ -118,7 +139,7 @@ pub(crate) async fn handle_with(
             SystemTime::now(),
             logged_text(
                 &req,
-                received.as_ref(),
+                req.fields.as_ref(),
                 &method,
                 path,
                 new_id.as_ref().map(request_id::Id::as_bytes),
@@ -127,7 +148,7 @@ pub(crate) async fn handle_with(
     });
     // Fields kept as received are never a gRPC call's (`crate::h1::fields`).
     let grpc = present.has(Present::CONTENT_TYPE)
-        && received.is_none()
+        && req.fields.is_none()
         && crate::grpc::is_grpc(req.headers());
     let mut info = AttemptInfo::default();
 
@@ -136,7 +157,6 @@ pub(crate) async fn handle_with(
         grpc,
         own_writer,
         new_id,
-        received,
         start,
     };
     let result = caught_forward(req, found, &ctx, &state, &mut info)
@@ -558,7 +578,7 @@ impl Outgoing {
 /// the request's future once (passed to `CatchPanic::new` from an `async fn`, it would be
 /// held twice: the argument and the awaited value).
 fn caught_forward<'a>(
-    req: Box<Request<DownBody>>,
+    req: Box<DownRequest>,
     found: Found,
     ctx: &'a ConnCtx,
     state: &'a State,
@@ -578,8 +598,6 @@ struct Found {
     /// The `x-request-id` made for a request that came without one; it goes upstream with
     /// the fields upkeep adds (`Added`).
     new_id: Option<request_id::Id>,
-    /// The fields as received, the request's map empty (see [`handle_with`]).
-    received: Option<RawFields>,
     /// When the handler took the request: the retries' start when nothing was awaited
     /// since (no clock read of their own).
     start: Instant,
@@ -592,7 +610,7 @@ struct Found {
 /// goes into `slot`, a place in `forward`'s future: returned instead, it was moved twice more
 /// on its way there.
 fn prepare<'s, 'r>(
-    mut req: Request<DownBody>,
+    down: DownRequest,
     found: Found,
     ctx: &ConnCtx,
     state: &'s State,
@@ -604,9 +622,12 @@ fn prepare<'s, 'r>(
         grpc,
         own_writer,
         new_id,
-        mut received,
         start: _,
     } = found;
+    let DownRequest {
+        mut req,
+        fields: mut received,
+    } = down;
     if req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_none() {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
@@ -838,7 +859,7 @@ impl Values {
 }
 
 async fn forward(
-    req: Box<Request<DownBody>>,
+    req: Box<DownRequest>,
     found: Found,
     ctx: &ConnCtx,
     state: &State,

@@ -85,26 +85,32 @@ where
     tokio::pin!(told);
     loop {
         let head = loop {
-            let (parsed, buffered) = {
-                let mut w = wire.lock();
-                if w.rbuf.is_empty() {
-                    (Parsed::Partial, false)
-                } else {
-                    (
-                        request::parse(&mut w.rbuf, &mut fields, cfg.max_header_bytes),
-                        true,
-                    )
+            // In a block of its own: the parse's outcome (a whole request head, about 130
+            // bytes) is gone before the wait below, so the connection's task does not keep
+            // room for it while the connection is idle.
+            let buffered = {
+                let (parsed, buffered) = {
+                    let mut w = wire.lock();
+                    if w.rbuf.is_empty() {
+                        (Parsed::Partial, false)
+                    } else {
+                        (
+                            request::parse(&mut w.rbuf, &mut fields, cfg.max_header_bytes),
+                            true,
+                        )
+                    }
+                };
+                match parsed {
+                    Parsed::Request(h) => {
+                        activity.set_head_in_progress(false);
+                        break h;
+                    }
+                    Parsed::HandOver => return hand_over(wire),
+                    Parsed::Partial if buffered => activity.set_head_in_progress(true),
+                    Parsed::Partial => {}
                 }
+                buffered
             };
-            match parsed {
-                Parsed::Request(h) => {
-                    activity.set_head_in_progress(false);
-                    break h;
-                }
-                Parsed::HandOver => return hand_over(wire),
-                Parsed::Partial if buffered => activity.set_head_in_progress(true),
-                Parsed::Partial => {}
-            }
             if close_pending && may_close(activity, cfg) {
                 close(&wire).await;
                 return Outcome::Closed;
@@ -150,7 +156,6 @@ where
         let request::Head {
             mut request,
             present,
-            fields: received,
             keep_alive,
             http10,
             head_method,
@@ -172,7 +177,7 @@ where
         // allocated first and the future made straight into it: `Box::pin(async { .. })`
         // makes it on the stack and copies it in.
         let written = Box::into_pin(Box::write(Box::new_uninit(), async {
-            let resp = handled(request, received, ctx, present, &wire, watch_eof).await?;
+            let resp = handled(request, ctx, present, &wire, watch_eof).await?;
             if !close_pending {
                 // Told to close while the request was handled: this response says so. One
                 // look now rather than a branch of the `select!` above, whose every round
@@ -231,8 +236,7 @@ where
 /// exchange with it): `None`. Bytes that come meanwhile (a pipelined request) wait in the
 /// buffer.
 async fn handled<IO>(
-    request: Box<http::Request<DownBody>>,
-    received: Option<crate::h1::fields::RawFields>,
+    request: Box<crate::proxy::DownRequest>,
     ctx: &Arc<ConnCtx>,
     present: Present,
     wire: &Shared<IO>,
@@ -245,8 +249,7 @@ where
         request,
         ctx.clone(),
         present,
-        true,
-        received
+        true
     ));
     loop {
         // The answer first, when the client also left meanwhile.

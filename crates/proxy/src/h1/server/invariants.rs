@@ -151,7 +151,7 @@ fn serve(data: &[u8], parts: &mut dyn Iterator<Item = &[u8]>) -> (Vec<Event>, En
 
 /// The request's fields in a map: its own, or those kept as received.
 fn map_of(h: &request::Head) -> HeaderMap {
-    match &h.fields {
+    match &h.request.fields {
         Some(f) => {
             assert!(
                 h.request.headers().is_empty(),
@@ -181,7 +181,7 @@ fn kept_fields_agree_with_the_map(data: &[u8]) {
         (Parsed::Partial, Parsed::Partial) | (Parsed::HandOver, Parsed::HandOver) => return,
         _ => panic!("the two parses give different verdicts"),
     };
-    assert!(mapped.fields.is_none());
+    assert!(mapped.request.fields.is_none());
     assert_eq!(
         mapped.present,
         crate::headers::Present::of(mapped.request.headers())
@@ -201,7 +201,7 @@ fn kept_fields_agree_with_the_map(data: &[u8]) {
         )
     );
     let mut want = mapped.request.headers().clone();
-    if let Some(f) = &kept.fields {
+    if let Some(f) = &kept.request.fields {
         want.remove(http::header::CONNECTION);
         assert_eq!(
             f.host(),

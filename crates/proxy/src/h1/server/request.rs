@@ -19,6 +19,7 @@ use crate::h1::body::{Decoder, Piece};
 use crate::h1::fields::RawFields;
 use crate::h1::head::{trim_ows, Framing};
 use crate::headers::Present;
+use crate::proxy::DownRequest;
 
 /// hyper's limit on header fields in a request; more is answered 431 on the hyper path.
 const MAX_HEADERS: usize = 100;
@@ -40,14 +41,13 @@ pub(crate) enum Parsed {
 
 /// A request the own server serves, with what the response writer needs to know of it.
 pub(crate) struct Head {
-    /// The request; its body is attached by the server (`body` says how it is framed). Boxed
-    /// as `crate::proxy::handle_with` takes it. Its map is empty when `fields` holds them.
-    pub request: Box<Request<DownBody>>,
-    /// Which of the fields the request path reads it carries (of `fields`' lines when the
+    /// The request, and its fields as received when the head qualifies
+    /// (`crate::h1::fields`; its map is then empty); its body is attached by the server
+    /// (`body` says how it is framed). Boxed as `crate::proxy::handle_with` takes it.
+    pub request: Box<DownRequest>,
+    /// Which of the fields the request path reads it carries (of the kept lines when the
     /// fields are kept as received).
     pub present: Present,
-    /// The fields as received, when the head qualifies (`crate::h1::fields`).
-    pub fields: Option<RawFields>,
     /// The client may send another request on this connection after the response.
     pub keep_alive: bool,
     /// An HTTP/1.0 client: no chunked response body, keep-alive only when asked.
@@ -213,7 +213,11 @@ pub(crate) fn parse_with(
     let Some((uri, headers, raw_fields)) = made else {
         return Parsed::HandOver;
     };
-    let mut request = Box::new(Request::new(DownBody::Own(OwnBody::empty())));
+    let kept = raw_fields.is_some();
+    let mut request = Box::new(DownRequest {
+        req: Request::new(DownBody::Own(OwnBody::empty())),
+        fields: raw_fields,
+    });
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = if http10 {
@@ -228,12 +232,11 @@ pub(crate) fn parse_with(
     Parsed::Request(Head {
         request,
         // The `Connection` line is not among the fields kept as received.
-        present: if raw_fields.is_some() {
+        present: if kept {
             present.without(Present::CONNECTION.with(Present::HOP_BY_HOP))
         } else {
             present
         },
-        fields: raw_fields,
         // As hyper decides: HTTP/1.1 keeps the connection unless told `close`; HTTP/1.0
         // only when asked with `keep-alive`.
         keep_alive: !close && (!http10 || keep),
@@ -387,7 +390,7 @@ mod tests {
             panic!("not parsed")
         };
         assert_eq!(h.request.uri(), "/a?b");
-        assert_eq!(h.fields.unwrap().lines(), b"host: x\r\nx-a: 1\r\n");
+        assert_eq!(h.request.fields.unwrap().lines(), b"host: x\r\nx-a: 1\r\n");
         assert!(h.keep_alive && !h.http10 && h.body.is_none());
         assert_eq!(&rest[..], b"GET /next");
         assert!(matches!(
@@ -413,7 +416,7 @@ mod tests {
     fn kept(raw: &[u8]) -> Option<RawFields> {
         crate::h1::server::request_invariants(raw);
         match parse_all(raw).0 {
-            Parsed::Request(h) => h.fields,
+            Parsed::Request(h) => h.request.fields,
             _ => panic!("not parsed: {:?}", String::from_utf8_lossy(raw)),
         }
     }
@@ -428,7 +431,7 @@ Content-Length: 3\r\nCookie: c=1\r\nX-Request-Id: abc-1\r\nContent-Type: text/pl
             panic!("not parsed")
         };
         assert!(h.request.headers().is_empty(), "no map is made");
-        let f = h.fields.expect("kept as received");
+        let f = h.request.fields.clone().expect("kept as received");
         assert_eq!(
             f.lines(),
             b"host: a.test\r\nuser-agent: t/1\r\ncontent-length: 3\r\ncookie: c=1\r\n\
