@@ -498,6 +498,10 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs"
 echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
 start_backend
+# Steal time (ticks the hypervisor gave to others) over the run, for the goals' header line.
+steal_ticks() { awk '/^cpu / { print $9 }' /proc/stat; }
+steal_before=$(steal_ticks)
+steal_since=$SECONDS
 rows=()
 list=$TARGETS
 for c in $CONNECTION_LIST; do
@@ -710,7 +714,9 @@ min_of() {
 lo=${CONNECTION_LIST%% *}
 hi=${CONNECTION_LIST##* }
 echo
-echo "Goals (this run; load average before: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg))"
+steal=$(awk -v a="$steal_before" -v b="$(steal_ticks)" -v hz="$TICKS_PER_SEC" -v n="$(nproc)" -v s="$((SECONDS - steal_since))" \
+    'BEGIN { if (s > 0) printf "%.1f", (b - a) / hz / (s * n) * 100; else print "?" }')
+echo "Goals (this run; load average before: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg); CPU time stolen by the hypervisor: ~${steal}%)"
 u=upkeep@c$lo
 need=$(awk -v n="${rps[nginx@c$lo]:-}" 'BEGIN { if (n != "") printf "%.0f", n * 1.2 }')
 verdict "c$lo req/s >= 1.2x nginx" "${rps[$u]:-}" ge "$need" \
