@@ -32,6 +32,11 @@
 #                      nghttp2-client) and openssl.
 #   BENCH_H2_CLIENTS   h2load clients (connections)          (default 16)
 #   BENCH_H2_STREAMS   h2load streams per connection         (default 8)
+#   BENCH_ROUNDS       rounds of every HTTP/1.1 and HTTP/2 row (default 1). With N > 1 the rows
+#                      of one table section are measured in turn N times, each round starting
+#                      one row later in the list, and each row shows the median of its rounds
+#                      (errors added up; the notes give the range of req/s): the goals are then
+#                      judged on medians, not on where in a drifting run a row fell
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=bench/lib.sh
@@ -50,6 +55,8 @@ done
 H2_TARGETS=${BENCH_H2_TARGETS-upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up}
 H2_CLIENTS=${BENCH_H2_CLIENTS:-16}
 H2_STREAMS=${BENCH_H2_STREAMS:-8}
+ROUNDS=${BENCH_ROUNDS:-1}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS must be a positive number, not '$ROUNDS'"
 
 WRK=${WRK:-$(find_bin wrk)} || die "wrk not found (Debian: apt-get install wrk)"
 NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx-light)"
@@ -461,8 +468,9 @@ measure_h2() {
     errs[$name]=$(($(awk '/^requests:/ { print $10 + $12 }' "$out") + ${non2xx:-0}))
 }
 
+# run_h2_target TARGET NAME: one HTTP/2 row, recorded under NAME.
 run_h2_target() {
-    local t=$1 port admin dir=$work/$1
+    local t=$1 name=$2 port admin dir=$work/$2
     make_cert
     free_port port
     case $t in
@@ -471,18 +479,18 @@ run_h2_target() {
         local protocol=http1
         [[ $t == upkeep-h2-h2up ]] && protocol=http2
         start_upkeep_h2 "$dir" "$port" "$admin" "$protocol"
-        measure_h2 "$t" "$port" "${pids[-1]}"
-        upkeep_notes "$t" "$admin" "$dir" off
+        measure_h2 "$name" "$port" "${pids[-1]}"
+        upkeep_notes "$name" "$admin" "$dir" off
         stop "${pids[-1]}"
         ;;
     nginx-h2)
         start_nginx_h2 "$dir" "$port"
-        measure_h2 "$t" "$port" "${pids[-1]}"
+        measure_h2 "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         ;;
     haproxy-h2)
         start_haproxy_h2 "$dir" "$port"
-        measure_h2 "$t" "$port" "${pids[-1]}"
+        measure_h2 "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         ;;
     *) die "unknown HTTP/2 target $t" ;;
@@ -495,28 +503,80 @@ ratio() {
 
 report_idle
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs"
+echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs, $ROUNDS round(s)"
 echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
 start_backend
 # Steal time (ticks the hypervisor gave to others) over the run, for the goals' header line.
 steal_ticks() { awk '/^cpu / { print $9 }' /proc/stat; }
 steal_before=$(steal_ticks)
 steal_since=$SECONDS
+# median V...: the median of the numbers given ("-" and empty ones left out; "-" if none).
+median() {
+    printf '%s\n' "$@" | awk '$1 != "" && $1 != "-"' | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# combine NAME: with several rounds, the row NAME from its rounds NAME#1..NAME#N: each figure
+# the median of the rounds' (upstream connections opened too), errors added up, the range of
+# req/s and the notes of the last round.
+combine() {
+    local name=$1 r arr vals lo hi
+    for arr in rps p50 p99 cpu cpu_user cpu_wrk cpu_backend newconns; do
+        # A name reference is bound when declared: bind it anew for each array.
+        unset -n a
+        local -n a=$arr
+        vals=()
+        for r in $(seq "$ROUNDS"); do vals+=("${a[$name#$r]:-}"); done
+        a[$name]=$(median "${vals[@]}")
+    done
+    errs[$name]=0
+    vals=()
+    for r in $(seq "$ROUNDS"); do
+        errs[$name]=$((errs[$name] + ${errs[$name#$r]:-0}))
+        vals+=("${rps[$name#$r]:-}")
+    done
+    lo=$(printf '%s\n' "${vals[@]}" | sort -g | head -1)
+    hi=$(printf '%s\n' "${vals[@]}" | sort -g | tail -1)
+    notes[$name]="median of $ROUNDS rounds, req/s $lo-$hi${notes[$name#$ROUNDS]:+; last round: ${notes[$name#$ROUNDS]}}"
+}
+
+# run_rows KIND LABEL TARGET...: every target once (one round), or ROUNDS times in turn, each
+# round starting one target later (so no target is always measured first), then combined.
+run_rows() {
+    local kind=$1 label=$2 r i n t
+    shift 2
+    local list=("$@")
+    n=${#list[@]}
+    for r in $(seq "$ROUNDS"); do
+        for i in $(seq 0 $((n - 1))); do
+            t=${list[$(((i + r - 1) % n))]}
+            if ((ROUNDS == 1)); then
+                echo "bench: running $t$label" >&2
+                "$kind" "$t" "$t${label/ at /@}"
+            else
+                echo "bench: running $t$label, round $r of $ROUNDS" >&2
+                "$kind" "$t" "$t${label/ at /@}#$r"
+            fi
+        done
+    done
+    if ((ROUNDS > 1)); then
+        for t in "${list[@]}"; do combine "$t${label/ at /@}"; done
+    fi
+}
+
 rows=()
 list=$TARGETS
 for c in $CONNECTION_LIST; do
     CONNECTIONS=$c
-    for t in $list; do
-        echo "bench: running $t at c$c" >&2
-        run_target "$t" "$t@c$c"
-        rows+=("$t@c$c")
-    done
+    # shellcheck disable=SC2086 # the target lists are space-separated words
+    run_rows run_target " at c$c" $list
+    for t in $list; do rows+=("$t@c$c"); done
     list=$HIGH_TARGETS
 done
-for t in $H2_TARGETS; do
-    echo "bench: running $t" >&2
-    run_h2_target "$t"
-done
+if [[ -n $H2_TARGETS ]]; then
+    # shellcheck disable=SC2086
+    run_rows run_h2_target "" $H2_TARGETS
+fi
 
 # The nginx row a row is compared with: same concurrency, same access-log setting (HAProxy
 # logs nothing here).
