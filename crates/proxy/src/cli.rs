@@ -36,7 +36,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FORMAT", value_parser = ["json", "combined"])]
     pub access_log_format: Option<String>,
     /// Serving threads, each with its own single-threaded runtime and its own copy of every
-    /// listener (SO_REUSEPORT). Default: one per CPU.
+    /// listener (SO_REUSEPORT); a thread that accepts more than its share of connections
+    /// hands new ones to the least busy. Default: one per CPU.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
     /// Diagnostics level on stderr: error, warn, info, debug, trace (release builds have no

@@ -1,6 +1,7 @@
 //! Downstream listeners: accept, TLS, HTTP/1.1 (behind the strict framing check) or HTTP/2,
 //! idle and header-read timeouts, graceful shutdown.
 
+mod balance;
 mod framing;
 mod h2_resets;
 pub(crate) mod h2_stall;
@@ -25,6 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+pub use balance::{Balance, Deliver, Moved};
 pub use framing::{check_invariants as framing_invariants, Framer, Refused};
 pub use limit::ConnLimit;
 pub use tls::acceptor as tls_acceptor;
@@ -460,39 +462,58 @@ pub struct Live {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
-/// Accepts connections until told to stop; connections are tracked by `tracker`.
+/// Accepts connections until told to stop; connections are tracked by `tracker`. On a
+/// serving thread with a `balance`, a connection goes to a less busy worker when this one
+/// serves more than its share (`balance`).
 pub async fn accept_loop(
     listener: TcpListener,
     live: Arc<arc_swap::ArcSwap<Live>>,
     shared: Arc<Shared>,
     signals: Signals,
     tracker: TaskTracker,
+    balance: Option<Arc<Balance>>,
 ) {
     let mut stop = signals.stop_accepting.clone();
     let addr = live.load().cfg.listen;
     let limit = listener
         .local_addr()
         .map_or_else(|_| Arc::new(ConnLimit::default()), ConnLimit::of);
+    let me = crate::pool::worker();
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, remote)) => {
                     let cur = live.load();
-                    let (cfg, shared, signals, tls) = (cur.cfg.clone(), shared.clone(), signals.clone(), cur.tls.clone());
+                    let (cfg, signals, tls) = (cur.cfg.clone(), signals.clone(), cur.tls.clone());
                     let Some(slot) = limit.try_open(cfg.max_connections) else {
                         if let Some(r) = limit.try_refuse() {
-                            tracker.spawn(limit::refuse(stream, cfg, shared, tls, r));
+                            tracker.spawn(limit::refuse(stream, cfg, shared.clone(), tls, r));
                         } else {
                             shared.metrics.connections_refused.inc();
                         }
                         continue;
                     };
-                    tracker.spawn(async move {
-                        let _slot = slot;
-                        // A guard: even a connection task that panics takes itself off the gauge.
-                        let _open = crate::metrics::GaugeGuard::new(&shared.metrics.downstream_open);
-                        serve(stream, remote, cfg, shared.clone(), signals, tls).await;
-                    });
+                    let Some(b) = &balance else {
+                        tracker.spawn(serve(stream, remote, cfg, shared.clone(), signals, tls, slot, None));
+                        continue;
+                    };
+                    let to = b.pick(me);
+                    if to != me {
+                        match stream.into_std() {
+                            Ok(std) => {
+                                let m = Moved { stream: std, remote, cfg, tls, signals, slot, on: b.open_on(to) };
+                                if let Err(mut m) = b.deliver(to, m) {
+                                    // That worker is shutting down: serve it here.
+                                    m.on = b.open_on(me);
+                                    serve_moved(m, &shared, &tracker);
+                                }
+                            }
+                            Err(e) => tracing::debug!(error = %e, "accepted connection could not be moved"),
+                        }
+                        continue;
+                    }
+                    let on = b.open_on(me);
+                    tracker.spawn(serve(stream, remote, cfg, shared.clone(), signals, tls, slot, Some(on)));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -505,6 +526,37 @@ pub async fn accept_loop(
     tracing::info!(listener = %addr, "stopped accepting");
 }
 
+/// Serves a connection another worker accepted (`balance`) on this thread's runtime.
+pub fn serve_moved(m: Moved, shared: &Arc<Shared>, tracker: &TaskTracker) {
+    let Moved {
+        stream,
+        remote,
+        cfg,
+        tls,
+        signals,
+        slot,
+        on,
+    } = m;
+    match TcpStream::from_std(stream) {
+        Ok(stream) => {
+            tracker.spawn(serve(
+                stream,
+                remote,
+                cfg,
+                shared.clone(),
+                signals,
+                tls,
+                slot,
+                Some(on),
+            ));
+        }
+        Err(e) => tracing::warn!(error = %e, "moved connection could not join this worker"),
+    }
+}
+
+/// A connection served until it ends, counted on the open-connections gauge, against the
+/// listener's limit (`slot`) and against its serving thread (`on`) meanwhile.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     stream: TcpStream,
     remote: SocketAddr,
@@ -512,7 +564,13 @@ async fn serve(
     shared: Arc<Shared>,
     signals: Signals,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    slot: limit::ConnSlot,
+    on: Option<balance::OnWorker>,
 ) {
+    let _slot = slot;
+    let _on = on;
+    // A guard: even a connection task that panics takes itself off the gauge.
+    let _open = crate::metrics::GaugeGuard::new(&shared.metrics.downstream_open);
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(ConnActivity::new());
     activity.upgrade.watch_shutdown(signals.close_idle.clone());

@@ -63,6 +63,13 @@ pub struct TimeoutLabel {
     pub timeout: &'static str,
 }
 
+/// Serving thread label (`--workers`: 1 to N).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    /// The serving thread's number, as in its name `upkeep-worker-N`.
+    pub worker: u32,
+}
+
 /// Group label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupLabel {
@@ -177,6 +184,11 @@ pub struct Metrics {
     pub timeouts: Family<TimeoutLabel, Counter>,
     /// Downstream connections refused over `max_connections`.
     pub connections_refused: Counter,
+    /// Open downstream connections per serving thread (two threads or more).
+    pub worker_connections: Family<WorkerLabel, Gauge>,
+    /// Downstream connections handed by the serving thread that accepted them to a less
+    /// busy one.
+    pub connections_moved: Counter,
     /// Access-log lines dropped because the writer was too far behind.
     pub access_log_dropped: Counter,
     /// Upgraded (WebSocket) connections.
@@ -245,6 +257,8 @@ impl Metrics {
             draining: Gauge::default(),
             timeouts: Family::default(),
             connections_refused: Counter::default(),
+            worker_connections: Family::default(),
+            connections_moved: Counter::default(),
             access_log_dropped,
             upgraded: UpgradeMetrics::default(),
             registry: Registry::default(),
@@ -350,6 +364,16 @@ impl Metrics {
             "downstream_connections_refused",
             "Downstream connections refused over max_connections (answered 503 overloaded or GOAWAY)",
             m.connections_refused.clone(),
+        );
+        r.register(
+            "worker_connections_open",
+            "Open downstream connections per serving thread (--workers of 2 or more)",
+            m.worker_connections.clone(),
+        );
+        r.register(
+            "worker_connections_moved",
+            "Downstream connections handed by the serving thread that accepted them to a less busy one",
+            m.connections_moved.clone(),
         );
         r.register(
             "access_log_dropped",

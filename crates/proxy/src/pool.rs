@@ -271,7 +271,8 @@ pub fn set_worker(id: usize) {
     WORKER.with(|w| w.set(id));
 }
 
-fn worker() -> usize {
+/// Which serving worker this thread is (0: not a dedicated worker).
+pub(crate) fn worker() -> usize {
     WORKER.with(|w| w.get())
 }
 

@@ -164,6 +164,7 @@ async fn start_inner(
         senders,
         conns.clone(),
         inherited.clone(),
+        &metrics,
     ));
     let bound = set
         .bind_all(&config.listeners)
@@ -188,10 +189,10 @@ async fn start_inner(
             source,
         })?;
     for (i, rx) in receivers.into_iter().enumerate() {
-        let (shared, conns) = (shared.clone(), conns.clone());
+        let (shared, conns, balance) = (shared.clone(), conns.clone(), set.balance());
         std::thread::Builder::new()
             .name(format!("upkeep-worker-{}", i + 1))
-            .spawn(move || listeners::serve_worker(i + 1, rx, shared, conns))
+            .spawn(move || listeners::serve_worker(i + 1, rx, shared, conns, balance))
             .map_err(|e| StartError::State(format!("starting worker threads: {e}")))?;
     }
     for (socks, live) in bound {

@@ -14,7 +14,10 @@ use tokio_util::task::TaskTracker;
 use super::bind::{bind_copies, BindError, Socks};
 use super::handover::{Handed, Inherited, Kind};
 use crate::config::ListenerConfig;
-use crate::listener::{accept_loop, tls_acceptor, Live, Signals};
+use crate::listener::{
+    accept_loop, serve_moved, tls_acceptor, Balance, Deliver, Live, Moved, Signals,
+};
+use crate::metrics::{Metrics, WorkerLabel};
 use crate::state::Shared;
 
 /// One listen address: its sockets (one per worker), current settings, and signals.
@@ -33,12 +36,16 @@ struct Entry {
     lock: Option<OwnedFd>,
 }
 
-/// An accept loop for a worker thread to run.
-pub(crate) struct Job {
-    sock: std::net::TcpListener,
-    live: Arc<ArcSwap<Live>>,
-    signals: Signals,
-    accepting: TaskTracker,
+/// What a worker thread is sent: an accept loop to run, or a connection another worker
+/// accepted and hands over (`listener::Balance`).
+pub(crate) enum Job {
+    Listen {
+        sock: std::net::TcpListener,
+        live: Arc<ArcSwap<Live>>,
+        signals: Signals,
+        accepting: TaskTracker,
+    },
+    Conn(Moved),
 }
 
 /// What a reload will change, prepared (sockets bound, certificates read) before anything
@@ -66,6 +73,9 @@ pub struct ListenerChanges {
 pub(crate) struct Listeners {
     copies: usize,
     workers: Mutex<Vec<mpsc::UnboundedSender<Job>>>,
+    /// With two workers or more: the open connections of each, to even out the kernel's
+    /// spread.
+    balance: Option<Arc<Balance>>,
     conns: TaskTracker,
     list: Mutex<Vec<Entry>>,
     /// Sockets handed over by the process this one upgraded, taken before binding anew.
@@ -92,10 +102,41 @@ impl Listeners {
         workers: Vec<mpsc::UnboundedSender<Job>>,
         conns: TaskTracker,
         inherited: Option<Arc<Inherited>>,
+        metrics: &Metrics,
     ) -> Self {
+        // Weak: a worker's channel closes when `stop_all` drops the senders, whatever the
+        // balance holds.
+        let balance = (workers.len() > 1).then(|| {
+            Balance::new(
+                workers
+                    .iter()
+                    .map(|w| {
+                        let w = w.downgrade();
+                        Box::new(move |m| match w.upgrade() {
+                            Some(w) => w.send(Job::Conn(m)).map_err(|e| match e.0 {
+                                Job::Conn(m) => m,
+                                Job::Listen { .. } => unreachable!("sent a connection"),
+                            }),
+                            None => Err(m),
+                        }) as Deliver
+                    })
+                    .collect(),
+                (1..=workers.len())
+                    .map(|i| {
+                        let worker = u32::try_from(i).unwrap_or(u32::MAX);
+                        metrics
+                            .worker_connections
+                            .get_or_create(&WorkerLabel { worker })
+                            .clone()
+                    })
+                    .collect(),
+                metrics.connections_moved.clone(),
+            )
+        });
         Self {
             copies,
             workers: Mutex::new(workers),
+            balance,
             conns,
             list: Mutex::new(Vec::new()),
             inherited,
@@ -181,6 +222,7 @@ impl Listeners {
                             shared.clone(),
                             signals.clone(),
                             self.conns.clone(),
+                            None,
                         )));
                     }
                     Err(e) => {
@@ -188,7 +230,7 @@ impl Listeners {
                     }
                 }
             } else {
-                let job = Job {
+                let job = Job::Listen {
                     sock,
                     live: live.clone(),
                     signals: signals.clone(),
@@ -207,6 +249,11 @@ impl Listeners {
             handover,
             lock,
         });
+    }
+
+    /// The balance of connections over the workers (two workers or more).
+    pub(crate) fn balance(&self) -> Option<Arc<Balance>> {
+        self.balance.clone()
     }
 
     /// The bound addresses, in config order.
@@ -325,6 +372,7 @@ pub(crate) fn serve_worker(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     shared: Arc<Shared>,
     conns: TaskTracker,
+    balance: Option<Arc<Balance>>,
 ) {
     crate::pool::set_worker(id);
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -340,17 +388,28 @@ pub(crate) fn serve_worker(
     rt.block_on(async move {
         let mine = TaskTracker::new();
         while let Some(job) = jobs.recv().await {
-            match TcpListener::from_std(job.sock) {
-                Ok(l) => {
-                    mine.spawn(job.accepting.track_future(accept_loop(
-                        l,
-                        job.live,
-                        shared.clone(),
-                        job.signals,
-                        conns.clone(),
-                    )));
-                }
-                Err(e) => tracing::error!(error = %e, "listener could not join the worker runtime"),
+            match job {
+                Job::Listen {
+                    sock,
+                    live,
+                    signals,
+                    accepting,
+                } => match TcpListener::from_std(sock) {
+                    Ok(l) => {
+                        mine.spawn(accepting.track_future(accept_loop(
+                            l,
+                            live,
+                            shared.clone(),
+                            signals,
+                            conns.clone(),
+                            balance.clone(),
+                        )));
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "listener could not join the worker runtime")
+                    }
+                },
+                Job::Conn(m) => serve_moved(m, &shared, &conns),
             }
         }
         mine.close();

@@ -38,3 +38,4 @@ mod timeouts;
 mod tls_sessions;
 mod upgrade;
 mod upgrade_h2;
+mod worker_balance;
