@@ -189,10 +189,10 @@ async fn start_inner(
             source,
         })?;
     for (i, rx) in receivers.into_iter().enumerate() {
-        let (shared, conns, balance) = (shared.clone(), conns.clone(), set.balance());
+        let (shared, conns) = (shared.clone(), conns.clone());
         std::thread::Builder::new()
             .name(format!("upkeep-worker-{}", i + 1))
-            .spawn(move || listeners::serve_worker(i + 1, rx, shared, conns, balance))
+            .spawn(move || listeners::serve_worker(i + 1, rx, shared, conns))
             .map_err(|e| StartError::State(format!("starting worker threads: {e}")))?;
     }
     for (socks, live) in bound {

@@ -77,7 +77,8 @@ impl Balance {
         })
     }
 
-    /// Counts a connection against worker `id` (1-based; the last worker for an unknown id).
+    /// Counts a connection against worker `id` (1-based; an id out of range counts against
+    /// the nearest worker).
     pub fn open_on(self: &Arc<Self>, id: usize) -> OnWorker {
         let index = id.saturating_sub(1).min(self.open.len() - 1);
         self.open[index].inc();

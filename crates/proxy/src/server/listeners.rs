@@ -44,6 +44,7 @@ pub(crate) enum Job {
         live: Arc<ArcSwap<Live>>,
         signals: Signals,
         accepting: TaskTracker,
+        balance: Option<Arc<Balance>>,
     },
     Conn(Moved),
 }
@@ -235,6 +236,7 @@ impl Listeners {
                     live: live.clone(),
                     signals: signals.clone(),
                     accepting: accepting.clone(),
+                    balance: self.balance.clone(),
                 };
                 let _ = workers[i % workers.len()].send(job);
             }
@@ -249,11 +251,6 @@ impl Listeners {
             handover,
             lock,
         });
-    }
-
-    /// The balance of connections over the workers (two workers or more).
-    pub(crate) fn balance(&self) -> Option<Arc<Balance>> {
-        self.balance.clone()
     }
 
     /// The bound addresses, in config order.
@@ -372,7 +369,6 @@ pub(crate) fn serve_worker(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     shared: Arc<Shared>,
     conns: TaskTracker,
-    balance: Option<Arc<Balance>>,
 ) {
     crate::pool::set_worker(id);
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -394,6 +390,7 @@ pub(crate) fn serve_worker(
                     live,
                     signals,
                     accepting,
+                    balance,
                 } => match TcpListener::from_std(sock) {
                     Ok(l) => {
                         mine.spawn(accepting.track_future(accept_loop(
@@ -402,7 +399,7 @@ pub(crate) fn serve_worker(
                             shared.clone(),
                             signals,
                             conns.clone(),
-                            balance.clone(),
+                            balance,
                         )));
                     }
                     Err(e) => {
