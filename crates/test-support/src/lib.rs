@@ -38,6 +38,26 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A loopback address that refuses every connection for as long as this value lives: a
+/// socket bound to it that never listens, so a SYN is answered with a reset and no other
+/// test can take the port (a port from [`free_port`] is free again at once, and a parallel
+/// test that happens to listen on it turns "refused" into a hang).
+pub struct Refusing {
+    /// The address.
+    pub addr: std::net::SocketAddr,
+    _bound: socket2::Socket,
+}
+
+/// Opens a refusing address on 127.0.0.1.
+pub fn refusing() -> Refusing {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    s.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    Refusing { addr, _bound: s }
+}
+
 /// A loopback address that accepts no connection: a listener that never accepts, its
 /// backlog filled, so further SYNs go unanswered and connects time out (a blackholed peer).
 pub struct Blackhole {
@@ -66,5 +86,16 @@ pub fn blackhole() -> Blackhole {
         addr,
         _listener: s,
         _fill: fill,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refusing_address_resets_connects_and_keeps_its_port() {
+        let peer = super::refusing();
+        let err = std::net::TcpStream::connect(peer.addr).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(std::net::TcpListener::bind(peer.addr).is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use upkeep_test_support::{get, TestBackend};
+use upkeep_test_support::{get, refusing, TestBackend};
 
 use crate::support::{self, loopback, write, Proc, BIN};
 
@@ -160,7 +160,8 @@ async fn promtool_check_metrics_is_clean_on_a_scrape_after_traffic() {
     let dir = temp_dir("promtool");
     // A second group whose only peer refuses connections: proxy-made 502s, an ejection,
     // retries, every family with samples.
-    let closed = loopback();
+    let peer = refusing();
+    let closed = peer.addr;
     let groups = format!(
         "[[route]]\ngroup = \"app\"\n[[route]]\nhost = \"down.test\"\ngroup = \"down\"\n\
          [groups.app]\nendpoints = [\"{}\"]\n\
@@ -310,7 +311,8 @@ async fn combined_access_log_is_read_back_by_doctor_logs_access_log() {
         "access_log = \"{}\"\naccess_log_format = \"combined\"",
         log.display()
     );
-    let closed = loopback();
+    let peer = refusing();
+    let closed = peer.addr;
     let groups = format!(
         "[[route]]\ngroup = \"app\"\n[[route]]\npath = \"/down\"\ngroup = \"down\"\n\
          [groups.app]\nendpoints = [\"{}\"]\n\
