@@ -164,13 +164,18 @@ where
     }
 }
 
-/// The keep-alive PING: one every [`KEEPALIVE_INTERVAL`]; an answer not back within
-/// [`KEEPALIVE_TIMEOUT`] means the client is gone.
+/// The keep-alive PING: one once a [`KEEPALIVE_INTERVAL`] has passed without a new stream;
+/// an answer not back within [`KEEPALIVE_TIMEOUT`] means the client is gone.
 struct KeepAlive {
     pp: h2::PingPong,
     timer: Pin<Box<Sleep>>,
     /// A PING is out, sent at this time.
     sent: Option<Instant>,
+    /// A stream came since the timer was last set. The timer is not moved for each stream
+    /// (a clock read and a timer-wheel update per request); when it fires after such an
+    /// interval it is set again instead of sending a PING, so an idle connection is asked
+    /// one to two intervals after its last stream.
+    active: bool,
 }
 
 impl KeepAlive {
@@ -179,16 +184,13 @@ impl KeepAlive {
             pp,
             timer: Box::pin(tokio::time::sleep(KEEPALIVE_INTERVAL)),
             sent: None,
+            active: false,
         }
     }
 
     /// A new stream: nothing to ask while the client is plainly there.
     fn activity(&mut self) {
-        if self.sent.is_none() {
-            self.timer
-                .as_mut()
-                .reset(Instant::now() + KEEPALIVE_INTERVAL);
-        }
+        self.active = true;
     }
 
     /// Drives the PING; true once one went unanswered for [`KEEPALIVE_TIMEOUT`].
@@ -198,6 +200,7 @@ impl KeepAlive {
                 match self.pp.poll_pong(cx) {
                     Poll::Ready(Ok(_)) => {
                         self.sent = None;
+                        self.active = false;
                         self.timer
                             .as_mut()
                             .reset(Instant::now() + KEEPALIVE_INTERVAL);
@@ -211,6 +214,12 @@ impl KeepAlive {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return false;
             }
+            if std::mem::take(&mut self.active) {
+                self.timer
+                    .as_mut()
+                    .reset(Instant::now() + KEEPALIVE_INTERVAL);
+                continue;
+            }
             if self.pp.send_ping(h2::Ping::opaque()).is_err() {
                 return false;
             }
@@ -218,5 +227,90 @@ impl KeepAlive {
             self.sent = Some(now);
             self.timer.as_mut().reset(now + KEEPALIVE_TIMEOUT);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves one HTTP/2 connection whose client never answers a PING, noting a stream's
+    /// activity at each of `streams_at` (seconds, on tokio's paused clock). Returns when the
+    /// server sent its first PING and when the keep-alive gave the client up.
+    async fn unanswered(streams_at: &[u64]) -> (Duration, Duration) {
+        let start = Instant::now();
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (mut rd, mut wr) = tokio::io::split(client);
+        wr.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        // The server's frames, read raw: the time of the first PING (type 6, no ACK flag).
+        let first_ping = tokio::spawn(async move {
+            loop {
+                let mut head = [0u8; 9];
+                rd.read_exact(&mut head).await.ok()?;
+                let len =
+                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                let mut payload = vec![0; len];
+                rd.read_exact(&mut payload).await.ok()?;
+                if head[3] == 6 && head[4] & 1 == 0 {
+                    return Some(start.elapsed());
+                }
+            }
+        });
+        let mut conn = h2::server::handshake(server).await.unwrap();
+        let mut ka = KeepAlive::new(conn.ping_pong().unwrap());
+        let mut marks: Vec<_> = streams_at
+            .iter()
+            .map(|s| Box::pin(tokio::time::sleep(Duration::from_secs(*s))))
+            .collect();
+        poll_fn(|cx| {
+            marks.retain_mut(|m| {
+                let fired = m.as_mut().poll(cx).is_ready();
+                if fired {
+                    ka.activity();
+                }
+                !fired
+            });
+            if ka.poll_timed_out(cx) {
+                return Poll::Ready(());
+            }
+            // Drives the connection (its PING goes out from here); no stream ever comes.
+            assert!(conn.poll_accept(cx).is_pending());
+            Poll::Pending
+        })
+        .await;
+        let gave_up = start.elapsed();
+        drop(conn);
+        (first_ping.await.unwrap().expect("a PING was sent"), gave_up)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_client_is_pinged_after_an_interval_and_given_up_when_it_does_not_answer() {
+        let (ping, gave_up) = unanswered(&[]).await;
+        assert_eq!(ping.as_secs(), KEEPALIVE_INTERVAL.as_secs());
+        assert_eq!(
+            gave_up.as_secs(),
+            (KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT).as_secs()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_within_an_interval_puts_the_ping_off_by_one_interval() {
+        // A stream half-way through the first interval: no PING when it ends; the next
+        // interval has none, so the PING goes out at its end.
+        let half = KEEPALIVE_INTERVAL.as_secs() / 2;
+        let (ping, gave_up) = unanswered(&[half]).await;
+        assert_eq!(ping.as_secs(), 2 * KEEPALIVE_INTERVAL.as_secs());
+        assert_eq!(
+            gave_up.as_secs(),
+            (2 * KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT).as_secs()
+        );
+        // Streams in every interval keep it off for as long as they come.
+        let i = KEEPALIVE_INTERVAL.as_secs();
+        let (ping, _) = unanswered(&[half, i + half, 2 * i + half]).await;
+        assert_eq!(ping.as_secs(), 4 * i);
     }
 }
