@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per proxied HTTP/2 request: user-space instructions of `upkeep serve` (one
-# serving thread, TLS listener, ALPN h2) counted by callgrind while h2load sends GETs through
+# serving thread, TLS listener, ALPN h2; or of HAProxy or nginx, PROXY below) counted by callgrind while h2load sends GETs through
 # it to an `upkeep lab backend` over HTTP/1.1. Every h2load run opens its connections anew
 # (a TLS handshake each, about 11M instructions with the RSA-2048 key made here), so two runs
 # with the same connections and different request counts are measured and the difference is
@@ -12,6 +12,11 @@
 #   REQUESTS   requests of the longer run (default 4000; the shorter one sends a quarter)
 #   CLIENTS    h2load connections (default 4), STREAMS per connection (default 8)
 #   UPKEEP     upkeep binary (default: target/release/upkeep, built when missing)
+#   PROXY      the proxy counted: upkeep (default), haproxy or nginx (Debian's packages; one
+#              thread or worker, the same backend over HTTP/1.1 with keep-alive), so upkeep's
+#              count can be set beside theirs
+#   HAPROXY, NGINX  their binaries (default: from PATH, then /usr/sbin)
+#   CALLGRIND_FLAGS  more callgrind options (as in bench/instructions.sh)
 #   BENCH_KEEP=1  keep the temporary directory (callgrind output, logs)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +37,7 @@ openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=bench.test \
 lab_backend backend_port
 free_port proxy_port
 free_port admin_port
+PROXY=${PROXY:-upkeep}
 cat >"$work/upkeep.toml" <<TOML
 [admin]
 listen = "127.0.0.1:$admin_port"
@@ -46,15 +52,18 @@ group = "backend"
 [groups.backend]
 endpoints = ["127.0.0.1:$backend_port"]
 TOML
-valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
-    "$UPKEEP" serve --config "$work/upkeep.toml" --access-log off --log-level warn --workers 1 \
-    >"$work/serve.log" 2>&1 &
-pids+=($!)
-proxy_pid=$!
+if [[ $PROXY == upkeep ]]; then
+    version=$("$UPKEEP" --version | head -1)
+    what="one serving thread"
+    under_callgrind "$UPKEEP" serve --config "$work/upkeep.toml" --access-log off \
+        --log-level warn --workers 1
+else
+    callgrind_peer "$PROXY" "$proxy_port" "$backend_port" "$work/cert.pem" "$work/key.pem"
+fi
 for i in $(seq 1 150); do
-    kill -0 "$proxy_pid" 2>/dev/null || die "upkeep exited at start-up (logs in $work/)"
+    kill -0 "$proxy_pid" 2>/dev/null || die "$PROXY exited at start-up (logs in $work/)"
     [[ $(curl -sk --http2 --max-time 2 "https://127.0.0.1:$proxy_port/" 2>/dev/null) == ok ]] && break
-    ((i < 150)) || die "upkeep under callgrind did not answer within 30 s (logs in $work/)"
+    ((i < 150)) || die "$PROXY under callgrind did not answer within 30 s (logs in $work/)"
     sleep 0.2
 done
 
@@ -77,7 +86,7 @@ h2load -c "$CLIENTS" -m "$STREAMS" -n "$((REQUESTS / 4))" "https://127.0.0.1:$pr
 short=$((REQUESTS / 4))
 i_short=$(h2load_run short "$short")
 i_long=$(h2load_run long "$REQUESTS")
-echo "bench: $("$UPKEEP" --version | head -1), one serving thread, h2load -c$CLIENTS -m$STREAMS over TLS"
+echo "bench: $version, $what, h2load -c$CLIENTS -m$STREAMS over TLS"
 echo "bench: $short requests: $i_short instructions; $REQUESTS requests: $i_long instructions"
 awk -v a="$i_short" -v b="$i_long" -v na="$short" -v nb="$REQUESTS" -v c="$CLIENTS" 'BEGIN {
     per = (b - a) / (nb - na)

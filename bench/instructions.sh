@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per proxied request: user-space instructions of `upkeep serve` (one serving
-# thread) counted by callgrind over a fixed number of GETs from `upkeep lab load` through it to
-# an `upkeep lab backend`. Unlike req/s on a shared 2-core machine, the count repeats run to
+# thread; or of HAProxy or nginx, PROXY below) counted by callgrind over a fixed number of
+# GETs from `upkeep lab load` through it to an `upkeep lab backend`. Unlike req/s on a shared 2-core machine, the count repeats run to
 # run whatever else the machine does, so small changes to the request path can be compared.
 # It leaves out kernel time (system calls, TCP on loopback); bench/proxy.sh measures that.
 #
@@ -14,6 +14,12 @@
 #   UPKEEP     upkeep binary (default: target/release/upkeep, built when missing)
 #   LOAD       the binary whose `lab load` sends the requests (default: UPKEEP; set it to
 #              measure an older build that lacks `lab load -H`)
+#   PROXY      the proxy counted: upkeep (default), haproxy or nginx (Debian's packages; one
+#              thread or worker, the same backend with upstream keep-alive), so upkeep's count
+#              can be set beside theirs
+#   HAPROXY, NGINX  their binaries (default: from PATH, then /usr/sbin)
+#   CALLGRIND_FLAGS  more callgrind options (e.g. --cache-sim=yes --branch-sim=yes; the
+#              counts of misses are then in the kept output, BENCH_KEEP=1)
 #   BENCH_KEEP=1  keep the temporary directory (callgrind output, logs)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,13 +37,17 @@ LOAD=${LOAD:-$UPKEEP}
 lab_backend backend_port
 free_port proxy_port
 free_port admin_port
-valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
-    "$UPKEEP" serve --listen "127.0.0.1:$proxy_port" --to "http://127.0.0.1:$backend_port" \
-    --admin "127.0.0.1:$admin_port" --access-log off --log-level warn --workers 1 \
-    >"$work/serve.log" 2>&1 &
-pids+=($!)
-proxy_pid=$!
-wait_ok "$proxy_port" "upkeep serve under callgrind"
+PROXY=${PROXY:-upkeep}
+if [[ $PROXY == upkeep ]]; then
+    version=$("$UPKEEP" --version | head -1)
+    what="one serving thread"
+    under_callgrind "$UPKEEP" serve --listen "127.0.0.1:$proxy_port" \
+        --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin_port" \
+        --access-log off --log-level warn --workers 1
+else
+    callgrind_peer "$PROXY" "$proxy_port" "$backend_port"
+fi
+wait_ok "$proxy_port" "$PROXY under callgrind"
 
 # A navigation request as a browser sends it (HTTP/1.1, 11 fields besides Host): the request
 # shape of real traffic, where per-field work counts; `lab load` alone sends only `Host`.
@@ -74,9 +84,9 @@ measure() {
     errors=$(json_field errors "$work/load-$name.json")
     ((errors == 0)) || die "$errors of $requests requests failed; a count over failures is not a result"
     per_request=$(awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.1f", t / n / 1000 }')
-    echo "bench: $name: $total instructions in upkeep serve, ${per_request}k per request"
+    echo "bench: $name: $total instructions in $PROXY, ${per_request}k per request"
 }
 
-echo "bench: $("$UPKEEP" --version | head -1), one serving thread, $REQUESTS GETs at $RATE/s each"
+echo "bench: $version, $what, $REQUESTS GETs at $RATE/s each"
 measure host-only
 measure browser-fields "${browser[@]}"

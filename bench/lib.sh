@@ -124,3 +124,93 @@ lab_backend() {
     pids+=($!)
     wait_ok "${!1}" "lab backend"
 }
+
+# callgrind_peer PROXY PORT BACKEND_PORT [CERT KEY]: starts Debian's haproxy (nbthread 1) or
+# nginx (one process, no master) under callgrind (output $work/callgrind.out), listening on
+# 127.0.0.1:PORT, over TLS with ALPN h2 when CERT and KEY are given, and passing every request
+# to 127.0.0.1:BACKEND_PORT over HTTP/1.1 with keep-alive, as bench/proxy.sh configures them.
+# Sets proxy_pid, and version and what for the report.
+callgrind_peer() {
+    local proxy=$1 port=$2 backend=$3 cert=${4:-} key=${5:-} bind listen tls=""
+    case $proxy in
+    haproxy)
+        HAPROXY=${HAPROXY:-$(find_bin haproxy)} || die "haproxy not found (Debian: apt-get install haproxy)"
+        version=$("$HAPROXY" -v | head -1)
+        what="nbthread 1"
+        bind="127.0.0.1:$port"
+        if [[ -n $cert ]]; then
+            cat "$cert" "$key" >"$work/both.pem"
+            bind="$bind ssl crt $work/both.pem alpn h2,http/1.1"
+        fi
+        cat >"$work/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    http-reuse always
+
+frontend fe
+    bind $bind
+    default_backend be
+
+backend be
+    server b1 127.0.0.1:$backend
+EOF
+        set -- "$HAPROXY" -db -f "$work/haproxy.cfg"
+        ;;
+    nginx)
+        NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx)"
+        version=$("$NGINX" -v 2>&1 | head -1)
+        what="one process, no master"
+        listen="127.0.0.1:$port"
+        if [[ -n $cert ]]; then
+            listen="$listen ssl http2"
+            tls="ssl_certificate $cert; ssl_certificate_key $key; http2_max_requests 1000000;"
+        fi
+        cat >"$work/nginx.conf" <<EOF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $work/nginx.pid;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    upstream backend {
+        server 127.0.0.1:$backend;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen $listen;
+        keepalive_requests 1000000;
+        $tls
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+        set -- "$NGINX" -p "$work" -c "$work/nginx.conf" -e "$work/error.log"
+        ;;
+    *) die "PROXY is upkeep, haproxy or nginx, not '$proxy'" ;;
+    esac
+    under_callgrind "$@"
+}
+
+# under_callgrind COMMAND...: starts COMMAND under callgrind in the background (output
+# $work/callgrind.out, its own output in $work/serve.log; CALLGRIND_FLAGS adds options, such as
+# --cache-sim=yes --branch-sim=yes); sets proxy_pid.
+under_callgrind() {
+    # shellcheck disable=SC2086 # CALLGRIND_FLAGS is a list of options
+    valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" ${CALLGRIND_FLAGS:-} \
+        "$@" >"$work/serve.log" 2>&1 &
+    pids+=($!)
+    proxy_pid=$!
+}
