@@ -142,25 +142,7 @@ callgrind_peer() {
             cat "$cert" "$key" >"$work/both.pem"
             bind="$bind ssl crt $work/both.pem alpn h2,http/1.1"
         fi
-        cat >"$work/haproxy.cfg" <<EOF
-global
-    nbthread 1
-    maxconn 4096
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-    http-reuse always
-
-frontend fe
-    bind $bind
-    default_backend be
-
-backend be
-    server b1 127.0.0.1:$backend
-EOF
+        haproxy_cfg "$work/haproxy.cfg" 1 "$bind" "$backend"
         set -- "$HAPROXY" -db -f "$work/haproxy.cfg"
         ;;
     nginx)
@@ -213,4 +195,29 @@ under_callgrind() {
         "$@" >"$work/serve.log" 2>&1 &
     pids+=($!)
     proxy_pid=$!
+}
+
+# haproxy_cfg FILE NBTHREAD BIND BACKEND_PORT [LAST]: the HAProxy configuration the benchmarks
+# run: HTTP mode, `bind BIND`, every request to 127.0.0.1:BACKEND_PORT; LAST ends the defaults
+# (default: `http-reuse always`, connections reused).
+haproxy_cfg() {
+    cat >"$1" <<EOF
+global
+    nbthread $2
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    ${5:-http-reuse always}
+
+frontend fe
+    bind $3
+    default_backend be
+
+backend be
+    server b1 127.0.0.1:$4
+EOF
 }

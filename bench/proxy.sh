@@ -162,25 +162,7 @@ EOF
 start_haproxy() {
     local dir=$1 port=$2
     mkdir -p "$dir"
-    cat >"$dir/haproxy.cfg" <<EOF
-global
-    nbthread 2
-    maxconn 4096
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-    http-reuse always
-
-frontend fe
-    bind 127.0.0.1:$port
-    default_backend be
-
-backend be
-    server b1 127.0.0.1:$backend_port
-EOF
+    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$backend_port"
     "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_ok "$port" "haproxy"
@@ -425,25 +407,7 @@ EOF
 start_haproxy_h2() {
     local dir=$1 port=$2
     mkdir -p "$dir"
-    cat >"$dir/haproxy.cfg" <<EOF
-global
-    nbthread 2
-    maxconn 4096
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-    http-reuse always
-
-frontend fe
-    bind 127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1
-    default_backend be
-
-backend be
-    server b1 127.0.0.1:$backend_port
-EOF
+    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1" "$backend_port"
     "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_h2 "$port" "haproxy"
@@ -706,25 +670,7 @@ EOF
         ;;
     ws-haproxy)
         free_port port
-        cat >"$dir/haproxy.cfg" <<EOF
-global
-    nbthread 2
-    maxconn 4096
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-    timeout tunnel 1h
-
-frontend fe
-    bind 127.0.0.1:$port
-    default_backend be
-
-backend be
-    server b1 127.0.0.1:$ws_port
-EOF
+        haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$ws_port" "timeout tunnel 1h"
         "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
         pids+=($!)
         wait_listen "$port"
