@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per proxied HTTP/2 request: user-space instructions of `upkeep serve` (one
-# serving thread, TLS listener, ALPN h2; or of HAProxy or nginx, PROXY below) counted by callgrind while h2load sends GETs through
-# it to an `upkeep lab backend` over HTTP/1.1. Every h2load run opens its connections anew
+# serving thread, TLS listener, ALPN h2; or of HAProxy or nginx, PROXY below) counted by
+# callgrind while h2load sends GETs through it to an `upkeep lab backend` over HTTP/1.1. Every h2load run opens its connections anew
 # (a TLS handshake each, about 11M instructions with the RSA-2048 key made here), so two runs
 # with the same connections and different request counts are measured and the difference is
 # divided by the difference in requests: what is left is the cost of a request, without the
@@ -38,6 +38,7 @@ lab_backend backend_port
 free_port proxy_port
 free_port admin_port
 PROXY=${PROXY:-upkeep}
+if [[ $PROXY == upkeep ]]; then
 cat >"$work/upkeep.toml" <<TOML
 [admin]
 listen = "127.0.0.1:$admin_port"
@@ -52,7 +53,6 @@ group = "backend"
 [groups.backend]
 endpoints = ["127.0.0.1:$backend_port"]
 TOML
-if [[ $PROXY == upkeep ]]; then
     version=$("$UPKEEP" --version | head -1)
     what="one serving thread"
     under_callgrind "$UPKEEP" serve --config "$work/upkeep.toml" --access-log off \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Instructions per proxied request: user-space instructions of `upkeep serve` (one serving
 # thread; or of HAProxy or nginx, PROXY below) counted by callgrind over a fixed number of
-# GETs from `upkeep lab load` through it to an `upkeep lab backend`. Unlike req/s on a shared 2-core machine, the count repeats run to
-# run whatever else the machine does, so small changes to the request path can be compared.
+# GETs from `upkeep lab load` through it to an `upkeep lab backend`. Unlike req/s on a shared
+# 2-core machine, the count repeats run to run whatever else the machine does, so small
+# changes to the request path can be compared.
 # It leaves out kernel time (system calls, TCP on loopback); bench/proxy.sh measures that.
 #
 # Two counts: GETs with only `Host` (the figure docs/benchmarks.md follows), and GETs with the

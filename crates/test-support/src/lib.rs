@@ -50,12 +50,18 @@ pub struct Refusing {
 
 /// Opens a refusing address on 127.0.0.1.
 pub fn refusing() -> Refusing {
+    let (s, addr) = bound_loopback();
+    Refusing { addr, _bound: s }
+}
+
+/// A TCP socket bound to a free port on 127.0.0.1, not listening yet, and its address.
+fn bound_loopback() -> (socket2::Socket, std::net::SocketAddr) {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
     s.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
         .expect("bind");
     let addr = s.local_addr().unwrap().as_socket().unwrap();
-    Refusing { addr, _bound: s }
+    (s, addr)
 }
 
 /// A loopback address that accepts no connection: a listener that never accepts, its
@@ -69,12 +75,8 @@ pub struct Blackhole {
 
 /// Opens a blackholed address on 127.0.0.1.
 pub fn blackhole() -> Blackhole {
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
-    s.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
-        .expect("bind");
+    let (s, addr) = bound_loopback();
     s.listen(0).expect("listen");
-    let addr = s.local_addr().unwrap().as_socket().unwrap();
     let mut fill = Vec::new();
     for _ in 0..16 {
         match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)) {
