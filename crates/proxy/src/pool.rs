@@ -93,8 +93,18 @@ impl Sender {
         match self {
             Sender::H1(s) => s.is_closed(),
             Sender::H2(s) => s.is_closed(),
-            // Its liveness is the peek before reuse.
+            // Its liveness is looked at before reuse (`quiet_while_idle`, then the peek).
             Sender::Own(_) => false,
+        }
+    }
+
+    /// An idle own-codec connection that the runtime has seen nothing arrive on since its
+    /// last read drained it: fit for reuse without the peek (`SharedIo::quiet_since_drained`).
+    /// Not asked of hyper's connections, whose task keeps reading the socket.
+    fn quiet_while_idle(&self) -> bool {
+        match self {
+            Sender::Own(Some(w)) => w.io().quiet_since_drained(),
+            _ => false,
         }
     }
 
@@ -382,11 +392,12 @@ impl Pool {
                     discarded.push(entry);
                 } else if entry.conn.sender.is_closed()
                     || !entry.conn.sender.is_ready()
-                    || !entry
-                        .conn
-                        .peeker
-                        .as_ref()
-                        .is_some_and(Peeker::idle_socket_is_clean)
+                    || !(entry.conn.sender.quiet_while_idle()
+                        || entry
+                            .conn
+                            .peeker
+                            .as_ref()
+                            .is_some_and(Peeker::idle_socket_is_clean))
                 {
                     self.metrics.pool_event("stale_discarded");
                     discarded.push(entry);

@@ -84,6 +84,11 @@ impl<T> Wire<T> {
         self.timer = Some(timer);
     }
 
+    /// The stream, for a look at it while the connection is idle.
+    pub fn io(&self) -> &T {
+        &self.io
+    }
+
     /// The stream, for a hand-over to another HTTP client; `None` if bytes were read ahead
     /// (they would be lost, so the connection is not handed over).
     pub fn into_io(self) -> Option<T> {

@@ -7,6 +7,10 @@
 //!
 //! Over TLS the counters count plaintext (request and response bytes, not records), and the
 //! peek sees the TCP socket under TLS: a close_notify or a FIN waiting there means discard.
+//!
+//! A connection of upkeep's own codec is first asked the runtime, without a system call,
+//! whether anything came since its last read drained the socket
+//! ([`SharedIo::quiet_since_drained`]); only then is it peeked.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -56,6 +60,25 @@ impl SharedIo {
             },
             counters,
         )
+    }
+}
+
+impl SharedIo {
+    /// Whether the runtime's I/O driver has seen nothing arrive on the socket (data, a FIN,
+    /// an error) since a read last drained it, as nginx judges an idle upstream connection:
+    /// a read that fills less than its buffer leaves the socket empty, and tokio then clears
+    /// its readiness until the next event (`PollEvented::poll_read`), while a FIN or an
+    /// error, once seen, stays. No system call: the readiness is the driver's record of the
+    /// edge-triggered events it has taken from epoll. `false` (look closer) whenever the last
+    /// read filled its buffer or anything came since. Only for a socket no task is reading:
+    /// the look leaves a waker that does nothing in place of the reader's.
+    pub fn quiet_since_drained(&self) -> bool {
+        let tcp = match &self.stream {
+            Transport::Plain(s) => s,
+            Transport::Tls(s) => s.get_ref().0,
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        tcp.poll_read_ready(&mut cx).is_pending()
     }
 }
 
@@ -147,5 +170,86 @@ impl AsyncWrite for SharedIo {
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
             other => other,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An upstream connection as the pool holds it, and the server's end of it.
+    async fn pair() -> (SharedIo, Peeker, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let peeker = Peeker::new(&c).unwrap();
+        (SharedIo::new(Transport::Plain(c)).0, peeker, s)
+    }
+
+    /// Lets the runtime's I/O driver take what epoll has for it.
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// One read into a buffer of `room` bytes.
+    async fn read(io: &mut SharedIo, room: usize) -> usize {
+        let mut buf = vec![0u8; room];
+        io.read(&mut buf).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_drained_socket_is_quiet_until_data_or_a_fin_arrives() {
+        let (mut io, peeker, mut server) = pair().await;
+        settle().await;
+        assert!(io.quiet_since_drained(), "nothing was ever sent");
+        assert!(peeker.idle_socket_is_clean());
+
+        // A response, read with room to spare: the read drained the socket.
+        server.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        settle().await;
+        assert!(!io.quiet_since_drained(), "bytes wait unread");
+        assert!(!peeker.idle_socket_is_clean());
+        assert_eq!(read(&mut io, 64).await, 19);
+        assert!(io.quiet_since_drained());
+        settle().await;
+        assert!(io.quiet_since_drained(), "nothing came since");
+        assert!(peeker.idle_socket_is_clean());
+
+        // Stray bytes while idle (a 408 without a close).
+        server.write_all(b"HTTP/1.1 408 ").await.unwrap();
+        settle().await;
+        assert!(!io.quiet_since_drained(), "stray bytes came");
+        assert_eq!(read(&mut io, 64).await, 13);
+        assert!(io.quiet_since_drained());
+
+        // The server closes the idle connection.
+        drop(server);
+        settle().await;
+        assert!(!io.quiet_since_drained(), "a FIN came");
+        assert!(!peeker.idle_socket_is_clean());
+    }
+
+    #[tokio::test]
+    async fn a_read_that_fills_its_buffer_is_not_taken_as_draining() {
+        let (mut io, peeker, mut server) = pair().await;
+        server.write_all(b"12345678").await.unwrap();
+        settle().await;
+        assert_eq!(read(&mut io, 8).await, 8);
+        // More could be waiting: the peek decides (here it finds nothing).
+        assert!(!io.quiet_since_drained());
+        assert!(peeker.idle_socket_is_clean());
+    }
+
+    #[tokio::test]
+    async fn a_fin_read_with_the_last_response_keeps_the_socket_from_being_quiet() {
+        let (mut io, peeker, mut server) = pair().await;
+        server.write_all(b"last").await.unwrap();
+        server.shutdown().await.unwrap();
+        settle().await;
+        assert_eq!(read(&mut io, 64).await, 4);
+        assert!(!io.quiet_since_drained(), "the FIN was seen with the bytes");
+        assert!(!peeker.idle_socket_is_clean());
     }
 }

@@ -366,6 +366,77 @@ async fn stale_connection_failures_do_not_eject() {
     );
 }
 
+/// A raw HTTP/1.1 backend that answers every request with `ok` and keeps the connection; on
+/// each connection's first answer it writes `stray` 100 ms later (a `408` sent without a close,
+/// as some servers do at their idle timeout).
+async fn backend_with_stray_bytes(stray: Option<&'static [u8]>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut answered = 0;
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                        answered += 1;
+                        if let (1, Some(stray)) = (answered, stray) {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            let _ = s.write_all(stray).await;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Two GETs 300 ms apart through one pooled connection's peer; returns the pool's new, reused
+/// and stale_discarded counts.
+async fn two_gets_apart(backend: SocketAddr) -> (f64, f64, f64) {
+    let up = upkeep(&support::one_group(&[backend], "")).await;
+    for _ in 0..2 {
+        let r = get(up.listeners[0], "x", "/").await;
+        assert_eq!(r.status, 200, "{:?}", r.header("upkeep-error"));
+        assert_eq!(r.text(), "ok");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let event = |e: &str| format!("upkeep_pool_connections_total{{event=\"{e}\"}}");
+    (
+        metric(&up, &event("new")).await,
+        metric(&up, &event("reused")).await,
+        metric(&up, &event("stale_discarded")).await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_that_stayed_quiet_is_reused() {
+    let backend = backend_with_stray_bytes(None).await;
+    assert_eq!(two_gets_apart(backend).await, (1.0, 1.0, 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_that_received_stray_bytes_is_discarded_not_read_as_a_response() {
+    let backend = backend_with_stray_bytes(Some(
+        b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n",
+    ))
+    .await;
+    // The second GET goes out on a new connection: the 408 is never taken as its answer.
+    assert_eq!(two_gets_apart(backend).await, (2.0, 0.0, 1.0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_budget_holds_when_every_peer_fails() {
     let holes: Vec<_> = (0..3).map(|_| upkeep_test_support::blackhole()).collect();
