@@ -408,8 +408,8 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 /// The request's authority, checked (rule H1-H3 of `normalize/rules.md`): the target's
 /// authority (`:authority`, absolute-form) or else `Host`; both present must name one host.
 /// Returns the value as sent (forwarded as `Host`) and its host part (routed on).
-fn checked_authority<'r, B>(
-    req: &'r Request<B>,
+fn checked_authority<'r>(
+    uri_authority: Option<&'r http::uri::Authority>,
     host_field: Option<&'r HeaderValue>,
 ) -> Result<Option<(&'r str, &'r str)>, Invalid> {
     let from_host = match host_field {
@@ -419,7 +419,7 @@ fn checked_authority<'r, B>(
             Some((v, normalize::check_authority(v)?))
         }
     };
-    let Some(a) = req.uri().authority().map(|a| a.as_str()) else {
+    let Some(a) = uri_authority.map(|a| a.as_str()) else {
         return Ok(from_host.filter(|(v, _)| !v.is_empty()));
     };
     let host = normalize::check_authority(a)?;
@@ -638,13 +638,13 @@ fn prepare<'s, 'r>(
         None if present.has(Present::HOST) => req.headers().get(header::HOST).cloned(),
         None => None,
     };
-    let authority = checked_authority(&req, host_field.as_ref()).map_err(invalid)?;
-    let (host_value, host) = match authority {
-        Some((v, h)) => (Some(v.to_owned()), Some(h.to_owned())),
-        None => (None, None),
-    };
-    let host_value = host_value.as_deref();
-    let (route, path) = route_request(state, host.as_deref(), req.uri().path()).map_err(invalid)?;
+    // A shared handle on the target's authority (no copy), so that what is borrowed from it
+    // outlives the changes to the request below.
+    let uri_authority = req.uri().authority().cloned();
+    let authority =
+        checked_authority(uri_authority.as_ref(), host_field.as_ref()).map_err(invalid)?;
+    let (host_value, host) = authority.unzip();
+    let (route, path) = route_request(state, host, req.uri().path()).map_err(invalid)?;
     let (route, route_name) = route.ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
     info.route = Some(route_name.clone());
     // Route rules may change the forwarded path (`strip_prefix`, `rewrite`).
@@ -685,9 +685,7 @@ fn prepare<'s, 'r>(
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or_default()
             .to_owned();
-        let h = host
-            .as_deref()
-            .map_or_else(|| ctx.local.ip().to_string(), str::to_ascii_lowercase);
+        let h = host.map_or_else(|| ctx.local.ip().to_string(), str::to_ascii_lowercase);
         Values {
             request_id: id,
             host: h,
