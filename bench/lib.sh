@@ -125,6 +125,29 @@ lab_backend() {
     wait_ok "${!1}" "lab backend"
 }
 
+# nginx_proxy_http BACKEND_PORT LISTEN [SERVER_LINES]: the part of an nginx `http` block that
+# the benchmarks give every nginx proxy: upstream keep-alive set up the way nginx's docs require
+# (HTTP/1.1, a cleared `Connection` header, a keepalive pool) to 127.0.0.1:BACKEND_PORT, and a
+# server on `listen LISTEN` with SERVER_LINES (TLS settings, say) passing every request to it.
+nginx_proxy_http() {
+    cat <<EOF
+    upstream backend {
+        server 127.0.0.1:$1;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen $2;
+        ${3:-}
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+EOF
+}
+
 # callgrind_peer PROXY PORT BACKEND_PORT [CERT KEY]: starts Debian's haproxy (nbthread 1) or
 # nginx (one process, no master) under callgrind (output $work/callgrind.out), listening on
 # 127.0.0.1:PORT, over TLS with ALPN h2 when CERT and KEY are given, and passing every request
@@ -154,7 +177,8 @@ callgrind_peer() {
             listen="$listen ssl http2"
             tls="ssl_certificate $cert; ssl_certificate_key $key; http2_max_requests 1000000;"
         fi
-        cat >"$work/nginx.conf" <<EOF
+        {
+            cat <<EOF
 daemon off;
 master_process off;
 worker_processes 1;
@@ -162,23 +186,11 @@ pid $work/nginx.pid;
 events { worker_connections 4096; }
 http {
     access_log off;
-    upstream backend {
-        server 127.0.0.1:$backend;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen $listen;
-        keepalive_requests 1000000;
-        $tls
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
+    keepalive_requests 1000000;
 EOF
+            nginx_proxy_http "$backend" "$listen" "$tls"
+            echo "}"
+        } >"$work/nginx.conf"
         set -- "$NGINX" -p "$work" -c "$work/nginx.conf" -e "$work/error.log"
         ;;
     *) die "PROXY is upkeep, haproxy or nginx, not '$proxy'" ;;

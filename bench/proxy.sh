@@ -136,23 +136,9 @@ start_nginx() {
         echo "worker_processes auto;"
         echo "http {"
         nginx_http_common "$dir"
-        cat <<EOF
-    $access
-    upstream backend {
-        server 127.0.0.1:$backend_port;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$port;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-EOF
+        echo "    $access"
+        nginx_proxy_http "$backend_port" "127.0.0.1:$port"
+        echo "}"
     } >"$dir/nginx.conf"
     "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
     pids+=($!)
@@ -378,26 +364,10 @@ start_nginx_h2() {
         echo "worker_processes auto;"
         echo "http {"
         nginx_http_common "$dir"
-        cat <<EOF
-    access_log off;
-    upstream backend {
-        server 127.0.0.1:$backend_port;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$port ssl http2;
-        ssl_certificate $work/tls/cert.pem;
-        ssl_certificate_key $work/tls/key.pem;
-        http2_max_requests 1000000;
-        location / {
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-EOF
+        echo "    access_log off;"
+        nginx_proxy_http "$backend_port" "127.0.0.1:$port ssl http2" \
+            "ssl_certificate $work/tls/cert.pem; ssl_certificate_key $work/tls/key.pem; http2_max_requests 1000000;"
+        echo "}"
     } >"$dir/nginx.conf"
     "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
     pids+=($!)

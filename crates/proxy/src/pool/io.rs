@@ -199,6 +199,20 @@ mod tests {
         io.read(&mut buf).await.unwrap()
     }
 
+    /// `bytes` come from the server: the socket is no longer quiet, and is again once a read
+    /// with room to spare took them.
+    async fn arrives(server: &mut TcpStream, io: &mut SharedIo, peeker: &Peeker, bytes: &[u8]) {
+        server.write_all(bytes).await.unwrap();
+        settle().await;
+        assert!(!io.quiet_since_drained(), "{bytes:?} wait unread");
+        assert!(!peeker.idle_socket_is_clean());
+        assert_eq!(read(io, 64).await, bytes.len());
+        assert!(
+            io.quiet_since_drained(),
+            "the read of {bytes:?} drained the socket"
+        );
+    }
+
     #[tokio::test]
     async fn a_drained_socket_is_quiet_until_data_or_a_fin_arrives() {
         let (mut io, peeker, mut server) = pair().await;
@@ -207,22 +221,13 @@ mod tests {
         assert!(peeker.idle_socket_is_clean());
 
         // A response, read with room to spare: the read drained the socket.
-        server.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
-        settle().await;
-        assert!(!io.quiet_since_drained(), "bytes wait unread");
-        assert!(!peeker.idle_socket_is_clean());
-        assert_eq!(read(&mut io, 64).await, 19);
-        assert!(io.quiet_since_drained());
+        arrives(&mut server, &mut io, &peeker, b"HTTP/1.1 200 OK\r\n\r\n").await;
         settle().await;
         assert!(io.quiet_since_drained(), "nothing came since");
         assert!(peeker.idle_socket_is_clean());
 
         // Stray bytes while idle (a 408 without a close).
-        server.write_all(b"HTTP/1.1 408 ").await.unwrap();
-        settle().await;
-        assert!(!io.quiet_since_drained(), "stray bytes came");
-        assert_eq!(read(&mut io, 64).await, 13);
-        assert!(io.quiet_since_drained());
+        arrives(&mut server, &mut io, &peeker, b"HTTP/1.1 408 ").await;
 
         // The server closes the idle connection.
         drop(server);
