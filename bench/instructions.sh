@@ -37,17 +37,9 @@ LOAD=${LOAD:-$UPKEEP}
 
 lab_backend backend_port
 free_port proxy_port
-free_port admin_port
 PROXY=${PROXY:-upkeep}
-if [[ $PROXY == upkeep ]]; then
-    version=$("$UPKEEP" --version | head -1)
-    what="one serving thread"
-    under_callgrind "$UPKEEP" serve --listen "127.0.0.1:$proxy_port" \
-        --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin_port" \
-        --access-log off --log-level warn --workers 1
-else
-    callgrind_peer "$PROXY" "$proxy_port" "$backend_port"
-fi
+proxy_command "$PROXY" "$proxy_port" "$backend_port"
+under_callgrind "${peer_cmd[@]}"
 wait_ok "$proxy_port" "$PROXY under callgrind"
 
 # A navigation request as a browser sends it (HTTP/1.1, 11 fields besides Host): the request

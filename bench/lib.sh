@@ -148,12 +148,12 @@ nginx_proxy_http() {
 EOF
 }
 
-# callgrind_peer PROXY PORT BACKEND_PORT [CERT KEY]: starts Debian's haproxy (nbthread 1) or
-# nginx (one process, no master) under callgrind (output $work/callgrind.out), listening on
-# 127.0.0.1:PORT, over TLS with ALPN h2 when CERT and KEY are given, and passing every request
-# to 127.0.0.1:BACKEND_PORT over HTTP/1.1 with keep-alive, as bench/proxy.sh configures them.
-# Sets proxy_pid, and version and what for the report.
-callgrind_peer() {
+# peer_command PROXY PORT BACKEND_PORT [CERT KEY]: the command that runs Debian's haproxy
+# (nbthread 1) or nginx (one process, no master) listening on 127.0.0.1:PORT, over TLS with
+# ALPN h2 when CERT and KEY are given, and passing every request to 127.0.0.1:BACKEND_PORT over
+# HTTP/1.1 with keep-alive, as bench/proxy.sh configures them (its configuration in $work). Sets
+# peer_cmd (the command), and version and what for the report.
+peer_command() {
     local proxy=$1 port=$2 backend=$3 cert=${4:-} key=${5:-} bind listen tls=""
     case $proxy in
     haproxy)
@@ -166,7 +166,7 @@ callgrind_peer() {
             bind="$bind ssl crt $work/both.pem alpn h2,http/1.1"
         fi
         haproxy_cfg "$work/haproxy.cfg" 1 "$bind" "$backend"
-        set -- "$HAPROXY" -db -f "$work/haproxy.cfg"
+        peer_cmd=("$HAPROXY" -db -f "$work/haproxy.cfg")
         ;;
     nginx)
         NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx)"
@@ -191,11 +191,32 @@ EOF
             nginx_proxy_http "$backend" "$listen" "$tls"
             echo "}"
         } >"$work/nginx.conf"
-        set -- "$NGINX" -p "$work" -c "$work/nginx.conf" -e "$work/error.log"
+        peer_cmd=("$NGINX" -p "$work" -c "$work/nginx.conf" -e "$work/error.log")
         ;;
     *) die "PROXY is upkeep, haproxy or nginx, not '$proxy'" ;;
     esac
-    under_callgrind "$@"
+}
+
+# proxy_command PROXY PORT BACKEND_PORT: peer_command, or for PROXY=upkeep `upkeep serve` with
+# one serving thread listening on 127.0.0.1:PORT (admin on a free port), the access log off,
+# passing every request to 127.0.0.1:BACKEND_PORT.
+proxy_command() {
+    if [[ $1 == upkeep ]]; then
+        version=$("$UPKEEP" --version | head -1)
+        what="one serving thread"
+        free_port admin_port
+        peer_cmd=("$UPKEEP" serve --listen "127.0.0.1:$2" --to "http://127.0.0.1:$3"
+            --admin "127.0.0.1:$admin_port" --access-log off --log-level warn --workers 1)
+    else
+        peer_command "$@"
+    fi
+}
+
+# callgrind_peer PROXY PORT BACKEND_PORT [CERT KEY]: the proxy of peer_command, started under
+# callgrind (output $work/callgrind.out); sets proxy_pid, version and what.
+callgrind_peer() {
+    peer_command "$@"
+    under_callgrind "${peer_cmd[@]}"
 }
 
 # under_callgrind COMMAND...: starts COMMAND under callgrind in the background (output
