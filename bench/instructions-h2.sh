@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Instructions per proxied HTTP/2 request: user-space instructions of `upkeep serve` (one
 # serving thread, TLS listener, ALPN h2; or of HAProxy or nginx, PROXY below) counted by
-# callgrind while h2load sends GETs through it to an `upkeep lab backend` over HTTP/1.1. Every h2load run opens its connections anew
-# (a TLS handshake each, about 11M instructions with the RSA-2048 key made here), so two runs
-# with the same connections and different request counts are measured and the difference is
-# divided by the difference in requests: what is left is the cost of a request, without the
-# handshakes. Like bench/instructions.sh, the count repeats run to run on a busy machine.
+# callgrind while h2load sends GETs through it to an `upkeep lab backend` over HTTP/1.1.
+# Every h2load run opens its connections anew (a TLS handshake each, about 11M instructions
+# with the RSA-2048 key made here), so two runs with the same connections and different
+# request counts are measured and the difference is divided by the difference in requests:
+# what is left is the cost of a request, without the handshakes. Like bench/instructions.sh, the count repeats run to run on a busy machine.
 #
 # Usage: bench/instructions-h2.sh      (from the repository root; see docs/benchmarks.md)
 # Settings (environment):

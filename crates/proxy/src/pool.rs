@@ -171,6 +171,17 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether the idle connection's socket has received nothing (no FIN, no stray bytes, no
+    /// error): asked of the runtime first, without a system call, for upkeep's own codec
+    /// (`Sender::quiet_while_idle`), and otherwise of the socket itself (the peek).
+    fn idle_socket_is_clean(&self) -> bool {
+        self.sender.quiet_while_idle()
+            || self
+                .peeker
+                .as_ref()
+                .is_some_and(Peeker::idle_socket_is_clean)
+    }
+
     /// The peer address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
@@ -392,12 +403,7 @@ impl Pool {
                     discarded.push(entry);
                 } else if entry.conn.sender.is_closed()
                     || !entry.conn.sender.is_ready()
-                    || !(entry.conn.sender.quiet_while_idle()
-                        || entry
-                            .conn
-                            .peeker
-                            .as_ref()
-                            .is_some_and(Peeker::idle_socket_is_clean))
+                    || !entry.conn.idle_socket_is_clean()
                 {
                     self.metrics.pool_event("stale_discarded");
                     discarded.push(entry);

@@ -61,9 +61,7 @@ impl SharedIo {
             counters,
         )
     }
-}
 
-impl SharedIo {
     /// Whether the runtime's I/O driver has seen nothing arrive on the socket (data, a FIN,
     /// an error) since a read last drained it, as nginx judges an idle upstream connection:
     /// a read that fills less than its buffer leaves the socket empty, and tokio then clears
