@@ -220,7 +220,7 @@ pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
     send_timeout: Duration,
     activity: &ConnActivity,
 ) -> io::Result<bool> {
-    let (parts, mut body) = (*resp).into_parts();
+    let (parts, mut body) = crate::proxy::unbox(resp).into_parts();
     let status = parts.status;
     let informational = status.is_informational();
     let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
