@@ -391,13 +391,36 @@ impl Running {
     }
 }
 
-/// A free loopback port (bound and released; the target binds it right after).
-pub fn free_port() -> std::io::Result<u16> {
-    free_port_on(std::net::Ipv4Addr::LOCALHOST)
+/// `N` distinct free ports on the loopback address `ip`: all bound at once, then released.
+/// Picked one after another, a port bound and released can be handed out again by the next
+/// pick, and a target given it twice refuses to start.
+pub fn free_ports_on<const N: usize>(ip: std::net::Ipv4Addr) -> std::io::Result<[u16; N]> {
+    let held = (0..N)
+        .map(|_| std::net::TcpListener::bind((ip, 0)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (p, l) in ports.iter_mut().zip(&held) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
-/// A free port on the loopback address `ip` (bound and released).
-pub fn free_port_on(ip: std::net::Ipv4Addr) -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind((ip, 0))?;
-    Ok(l.local_addr()?.port())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ports picked together are distinct. Picked one after another, bound and released each
+    /// time, 300 of them repeated a port in each of five tries: the kernel hands a released
+    /// port out again readily.
+    #[test]
+    fn ports_picked_together_are_distinct() {
+        let ports = free_ports_on::<300>(std::net::Ipv4Addr::LOCALHOST).unwrap();
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            ports.len(),
+            "a port was handed out twice: {ports:?}"
+        );
+        assert!(ports.iter().all(|&p| p != 0));
+    }
 }

@@ -31,11 +31,17 @@ pub fn rss_bytes() -> u64 {
 
 /// A loopback port that was free a moment ago (for processes that need an address up front).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    let [p] = free_ports();
+    p
+}
+
+/// `N` distinct loopback ports that were free a moment ago: all bound at once, then released
+/// (two [`free_port`] calls in a row can return the same port).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<_> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("addr").port())
 }
 
 /// A loopback address that refuses every connection for as long as this value lives: a

@@ -146,9 +146,10 @@ async fn run_inner(
             Some((fake, path))
         }
     };
+    let [listen, admin] = target::free_ports_on(host).map_err(setup("port"))?;
     let rig = Rig {
-        listen: SocketAddr::from((host, target::free_port_on(host).map_err(setup("port"))?)),
-        admin: SocketAddr::from((host, target::free_port_on(host).map_err(setup("port"))?)),
+        listen: SocketAddr::from((host, listen)),
+        admin: SocketAddr::from((host, admin)),
         backend_port,
         backend_ips: scenario
             .backends

@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use upkeep_test_support::get;
 
-use crate::support::{self, loopback, Proc, BIN};
+use crate::support::{self, loopbacks, Proc, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
     support::temp_dir("admin", name)
@@ -40,7 +40,7 @@ struct Upkeep {
 /// Starts `upkeep serve` with one serving thread, under `ulimit -n` when given.
 async fn start(name: &str, backend: SocketAddr, admin_extra: &str, nofile: Option<u32>) -> Upkeep {
     let dir = temp_dir(name);
-    let (listen, control, probes) = (loopback(), loopback(), loopback());
+    let [listen, control, probes] = loopbacks();
     let cfg = dir.join("upkeep.toml");
     std::fs::write(
         &cfg,

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use upkeep_test_support::{get, TestBackend};
 
-use crate::support::{loopback, wait_ready, BIN};
+use crate::support::{loopbacks, wait_ready, BIN};
 
 struct Proc(Child, PathBuf);
 
@@ -27,7 +27,7 @@ impl Drop for Proc {
 
 /// Starts the binary with `header_read_timeout = "400ms"` and a JSON access log in a file.
 async fn start(name: &str, backend: SocketAddr) -> (Proc, SocketAddr, SocketAddr, PathBuf) {
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let dir = std::env::temp_dir().join(format!("upkeep-head-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("access.log");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use upkeep_test_support::{get, raw_exchange, TestBackend};
 
-use crate::support::{loopback, wait_ready, Proc, BIN};
+use crate::support::{loopbacks, wait_ready, Proc, BIN};
 
 async fn gauge(admin: SocketAddr, name: &str) -> Option<f64> {
     get(admin, "admin", "/metrics")
@@ -29,7 +29,7 @@ async fn host_bracket_gets_400_without_a_panic_and_the_connection_gauge_returns_
         dir.join("stderr.txt"),
     );
     let _ = std::fs::remove_file(&log);
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     std::fs::write(
         &cfg,
         format!(

@@ -300,7 +300,7 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
 
 #[test]
 fn upkeep_lab_kube_serves_endpointslices_and_takes_faults_over_its_control_address() {
-    let (api, control) = (support::loopback(), support::loopback());
+    let [api, control] = support::loopbacks();
     let child = Command::new(BIN)
         .args([
             "lab",

@@ -11,7 +11,7 @@ use upkeep_test_support::fakedns::{FakeDns, Mode, Zone};
 use upkeep_test_support::load::open_loop;
 use upkeep_test_support::{get, TestBackend};
 
-use crate::support::{loopback, wait_ready, Proc, BIN};
+use crate::support::{loopback, loopbacks, wait_ready, Proc, BIN};
 
 const NAME: &str = "app.upkeep.test";
 
@@ -124,7 +124,7 @@ async fn reload_changing_a_dns_groups_try_timeout_while_dns_is_silent_costs_no_r
     )
     .await
     .unwrap();
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let dir = Dir::new("dns-silent");
     let (file, diag) = (dir.path("up.toml"), dir.path("stderr"));
     std::fs::write(
@@ -189,7 +189,7 @@ async fn n_requests_then_sigterm_gives_n_access_log_lines() {
     let backend = TestBackend::start("a").await;
     let dir = Dir::new("log-exit");
     for round in 0..3 {
-        let (listen, admin) = (loopback(), loopback());
+        let [listen, admin] = loopbacks();
         let (file, log) = (
             dir.path("up.toml"),
             dir.path(&format!("access-{round}.log")),
@@ -213,7 +213,7 @@ async fn n_requests_then_sigterm_gives_n_access_log_lines() {
 async fn sigusr1_reopens_the_access_log_after_a_rotation_without_losing_a_line() {
     let backend = TestBackend::start("a").await;
     let dir = Dir::new("log-reopen");
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let (file, log, rotated) = (
         dir.path("up.toml"),
         dir.path("access.log"),
@@ -249,7 +249,7 @@ async fn sigusr1_reopens_the_access_log_after_a_rotation_without_losing_a_line()
 async fn a_second_serve_on_an_address_in_use_fails_at_start() {
     let backend = TestBackend::start("a").await;
     let dir = Dir::new("second");
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let file = dir.path("up.toml");
     std::fs::write(
         &file,
@@ -373,7 +373,7 @@ async fn upgrade_under_load(by_admin: bool) {
     } else {
         "upgrade-usr2"
     });
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let (file, diag, token) = (dir.path("up.toml"), dir.path("stderr"), dir.path("token"));
     std::fs::write(&token, "s3cret\n").unwrap();
     let extra = format!("token_file = \"{}\"\n", token.display());
@@ -450,7 +450,7 @@ async fn upkeep_upgrade_with_the_admin_token_under_1000_rps_refuses_no_connectio
 async fn an_upgrade_whose_new_binary_cannot_start_leaves_the_old_process_serving() {
     let backend = TestBackend::start("a").await;
     let dir = Dir::new("upgrade-fails");
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let (file, diag) = (dir.path("up.toml"), dir.path("stderr"));
     std::fs::write(&file, upgrade_config(listen, admin, backend.addr(), "")).unwrap();
     let mut up = Proc::serve(&file, &diag, &["--workers", "2"]);
@@ -498,7 +498,7 @@ async fn silent_connection_lifetime(addr: SocketAddr, max: Duration) -> Duration
 async fn a_reload_applies_a_changed_header_read_timeout_to_new_connections() {
     let backend = TestBackend::start("a").await;
     let dir = Dir::new("reload-timeout");
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let (file, diag) = (dir.path("up.toml"), dir.path("stderr"));
     let config = |t: &str| {
         upgrade_config(listen, admin, backend.addr(), "")
@@ -540,12 +540,14 @@ async fn two_serves_started_at_the_same_instant_on_one_address_exactly_one_wins(
     let backend = TestBackend::start("a").await;
     let dir = Dir::new("double-start");
     for round in 0..5 {
-        let listen = loopback();
-        let files: Vec<PathBuf> = (0..2)
-            .map(|i| {
+        let [listen, admin0, admin1] = loopbacks();
+        let files: Vec<PathBuf> = [admin0, admin1]
+            .into_iter()
+            .enumerate()
+            .map(|(i, admin)| {
                 let f = dir.path(&format!("up-{round}-{i}.toml"));
                 let log = dir.path(&format!("a-{round}-{i}.log"));
-                std::fs::write(&f, plain_config(listen, loopback(), backend.addr(), &log)).unwrap();
+                std::fs::write(&f, plain_config(listen, admin, backend.addr(), &log)).unwrap();
                 f
             })
             .collect();

@@ -11,14 +11,14 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use upkeep_test_support::{get, raw_exchange, TestBackend};
 
-use crate::support::{loopback, wait_ready, Proc, BIN};
+use crate::support::{loopbacks, wait_ready, Proc, BIN};
 
 fn start(
     name: &str,
     backend: SocketAddr,
     listener: &str,
 ) -> (Proc, SocketAddr, SocketAddr, PathBuf) {
-    let (listen, admin) = (loopback(), loopback());
+    let [listen, admin] = loopbacks();
     let dir = std::env::temp_dir().join(format!("upkeep-limits-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("up.toml");

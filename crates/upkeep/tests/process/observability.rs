@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 
 use upkeep_test_support::{get, refusing, TestBackend};
 
-use crate::support::{self, loopback, write, Proc, BIN};
+use crate::support::{self, loopbacks, write, Proc, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
     support::temp_dir("obs", name)
 }
 
 fn addrs() -> (SocketAddr, SocketAddr) {
-    (loopback(), loopback())
+    let [listen, admin] = loopbacks();
+    (listen, admin)
 }
 
 /// Starts `upkeep serve` on `config` and waits until it is ready.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use upkeep_test_support::{get, TestBackend};
 
-use crate::support::{self, loopback, wait_ready, write, Proc, BIN};
+use crate::support::{self, loopbacks, wait_ready, write, Proc, BIN};
 
 fn temp_dir(name: &str) -> PathBuf {
     support::temp_dir("serve", name)
@@ -20,7 +20,8 @@ fn config(listen: SocketAddr, admin: SocketAddr, backend: SocketAddr, lifecycle:
 }
 
 fn addrs() -> (SocketAddr, SocketAddr) {
-    (loopback(), loopback())
+    let [listen, admin] = loopbacks();
+    (listen, admin)
 }
 
 fn signal(child: &Child, sig: &str) {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use upkeep_test_support::{free_port, get};
+use upkeep_test_support::{free_port, free_ports, get};
 
 /// The `upkeep` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
@@ -40,6 +40,11 @@ pub fn write(path: &Path, text: &str) {
 /// A free port on 127.0.0.1.
 pub fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+/// `N` distinct free ports on 127.0.0.1 (for addresses picked together: listener and admin).
+pub fn loopbacks<const N: usize>() -> [SocketAddr; N] {
+    free_ports().map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
 }
 
 /// Waits (20 s at most) until the admin listener `admin` answers `/readyz` with 200.
