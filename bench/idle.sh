@@ -16,9 +16,7 @@ source "$repo/bench/lib.sh"
 
 CONNS=${CONNS:-2000}
 HOLD=${HOLD:-3}
-for tool in curl ss python3; do
-    command -v "$tool" >/dev/null || die "$tool not found (Debian: apt-get install curl iproute2 python3)"
-done
+need "curl iproute2 python3" curl ss python3
 ((CONNS + 100 <= $(ulimit -n))) || ulimit -n $((CONNS + 100)) 2>/dev/null ||
     die "CONNS=$CONNS needs more open files than ulimit -n allows ($(ulimit -n))"
 upkeep_bin

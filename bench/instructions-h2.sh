@@ -5,7 +5,8 @@
 # Every h2load run opens its connections anew (a TLS handshake each, about 11M instructions
 # with the RSA-2048 key made here), so two runs with the same connections and different
 # request counts are measured and the difference is divided by the difference in requests:
-# what is left is the cost of a request, without the handshakes. Like bench/instructions.sh, the count repeats run to run on a busy machine.
+# what is left is the cost of a request, without the handshakes. Like bench/instructions.sh,
+# the count repeats run to run on a busy machine.
 #
 # Usage: bench/instructions-h2.sh      (from the repository root; see docs/benchmarks.md)
 # Settings (environment):
@@ -26,10 +27,8 @@ source "$repo/bench/lib.sh"
 REQUESTS=${REQUESTS:-4000}
 CLIENTS=${CLIENTS:-4}
 STREAMS=${STREAMS:-8}
-for tool in valgrind callgrind_control callgrind_annotate curl ss openssl h2load; do
-    command -v "$tool" >/dev/null ||
-        die "$tool not found (Debian: apt-get install valgrind curl iproute2 openssl nghttp2-client)"
-done
+need "valgrind curl iproute2 openssl nghttp2-client" \
+    valgrind callgrind_control callgrind_annotate curl ss openssl h2load
 upkeep_bin
 
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=bench.test \

@@ -29,16 +29,9 @@ source "$repo/bench/lib.sh"
 
 REQUESTS=${REQUESTS:-1000}
 RATE=${RATE:-50}
-for tool in valgrind callgrind_control callgrind_annotate curl ss; do
-    command -v "$tool" >/dev/null || die "$tool not found (Debian: apt-get install valgrind curl iproute2)"
-done
-upkeep_bin
+need "valgrind curl iproute2" valgrind callgrind_control callgrind_annotate curl ss
+proxy_before_backend
 LOAD=${LOAD:-$UPKEEP}
-
-lab_backend backend_port
-free_port proxy_port
-PROXY=${PROXY:-upkeep}
-proxy_command "$PROXY" "$proxy_port" "$backend_port"
 under_callgrind "${peer_cmd[@]}"
 wait_ok "$proxy_port" "$PROXY under callgrind"
 

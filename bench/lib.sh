@@ -212,6 +212,27 @@ proxy_command() {
     fi
 }
 
+# need PACKAGES TOOL...: stops, naming the Debian PACKAGES that provide them, unless every TOOL
+# is on PATH.
+need() {
+    local packages=$1 tool
+    shift
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || die "$tool not found (Debian: apt-get install $packages)"
+    done
+}
+
+# proxy_before_backend: the set-up of the scripts that measure one proxy (PROXY: upkeep, the
+# default, haproxy or nginx) in front of an `upkeep lab backend`: UPKEEP, the backend on
+# backend_port, a free proxy_port, and the proxy's command in peer_cmd (proxy_command).
+proxy_before_backend() {
+    upkeep_bin
+    lab_backend backend_port
+    free_port proxy_port
+    PROXY=${PROXY:-upkeep}
+    proxy_command "$PROXY" "$proxy_port" "$backend_port"
+}
+
 # callgrind_peer PROXY PORT BACKEND_PORT [CERT KEY]: the proxy of peer_command, started under
 # callgrind (output $work/callgrind.out); sets proxy_pid, version and what.
 callgrind_peer() {

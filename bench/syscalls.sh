@@ -22,15 +22,8 @@ source "$repo/bench/lib.sh"
 
 CONNECTIONS=${CONNECTIONS:-64}
 DURATION=${DURATION:-5s}
-for tool in strace wrk curl ss; do
-    command -v "$tool" >/dev/null || die "$tool not found (Debian: apt-get install strace wrk curl iproute2)"
-done
-upkeep_bin
-
-lab_backend backend_port
-free_port proxy_port
-PROXY=${PROXY:-upkeep}
-proxy_command "$PROXY" "$proxy_port" "$backend_port"
+need "strace wrk curl iproute2" strace wrk curl ss
+proxy_before_backend
 "${peer_cmd[@]}" >"$work/serve.log" 2>&1 &
 pids+=($!)
 proxy_pid=$!
