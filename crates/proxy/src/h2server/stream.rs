@@ -16,8 +16,9 @@ use super::body::{H2Body, Progress};
 use super::io::H2Pending;
 use crate::body::RespBody;
 use crate::error::BoxError;
+use crate::headers::Present;
 use crate::listener::h2_stall::{StallWatch, StreamExec};
-use crate::proxy::ConnCtx;
+use crate::proxy::{ConnCtx, DownRequest};
 
 /// Spawns the task of a stream the connection accepted, under the stall timer
 /// (`send_timeout`).
@@ -27,73 +28,117 @@ pub(super) fn spawn(
     respond: h2::server::SendResponse<Bytes>,
     ctx: Arc<ConnCtx>,
 ) {
-    exec.spawn(Box::into_pin(Box::write(
-        Box::new_uninit(),
-        run(req, respond, ctx),
-    )));
+    let Some(stream) = Stream::start(req, respond, ctx) else {
+        return;
+    };
+    exec.spawn(Box::into_pin(Box::write(Box::new_uninit(), run(stream))));
 }
 
-async fn run(
-    req: Request<h2::RecvStream>,
-    mut respond: h2::server::SendResponse<Bytes>,
+/// A stream's request made ready for the handler, with what its task needs besides. Made in a
+/// plain function ([`Stream::start`]): the request's parts, which an `async fn` would keep
+/// twice (as its argument and as the locals it takes them apart into) for as long as the
+/// stream lasts, never enter the task's future, which is allocated per stream.
+struct Stream {
+    req: Box<DownRequest>,
+    present: Present,
+    respond: h2::server::SendResponse<Bytes>,
     ctx: Arc<ConnCtx>,
-) {
-    let (mut parts, recv) = req.into_parts();
-    let content_length = content_length(&parts.headers);
-    let mut tunnel = None;
-    let mut progress = None;
-    let body = if parts.method == Method::CONNECT {
-        if content_length.is_some_and(|n| n != 0) {
-            respond.send_reset(h2::Reason::INTERNAL_ERROR);
-            return;
-        }
-        if let Some(p) = parts.extensions.remove::<h2::ext::Protocol>() {
-            parts
-                .extensions
-                .insert(hyper::ext::Protocol::from(p.as_str()));
-            let (tx, pending) = H2Pending::new(recv);
-            parts.extensions.insert(pending);
-            tunnel = Some(tx);
-        }
-        H2Body::empty()
-    } else {
-        let expects = crate::expect::expects_continue(parts.version, &parts.headers);
-        let p = Arc::new(Progress::default());
-        let body = H2Body::new(recv, content_length, p.clone(), expects);
-        // Followed only when the client has a body still to send.
-        if !body.is_end_stream() {
-            progress = Some(p);
-        }
-        body
+    /// An extended CONNECT: hands the stream's sending half to the tunnel after a `2xx`.
+    tunnel: Option<tokio::sync::oneshot::Sender<h2::SendStream<Bytes>>>,
+    /// The client's body, followed while it still has some to send.
+    progress: Option<Arc<Progress>>,
+}
+
+impl Stream {
+    /// `None`: the stream was refused (reset) already.
+    fn start(
+        req: Request<h2::RecvStream>,
+        mut respond: h2::server::SendResponse<Bytes>,
+        ctx: Arc<ConnCtx>,
+    ) -> Option<Self> {
+        let (mut parts, recv) = req.into_parts();
+        let content_length = content_length(&parts.headers);
+        let mut tunnel = None;
+        let mut progress = None;
+        let body = if parts.method == Method::CONNECT {
+            if content_length.is_some_and(|n| n != 0) {
+                respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                return None;
+            }
+            if let Some(p) = parts.extensions.remove::<h2::ext::Protocol>() {
+                parts
+                    .extensions
+                    .insert(hyper::ext::Protocol::from(p.as_str()));
+                let (tx, pending) = H2Pending::new(recv);
+                parts.extensions.insert(pending);
+                tunnel = Some(tx);
+            }
+            H2Body::empty()
+        } else {
+            let expects = crate::expect::expects_continue(parts.version, &parts.headers);
+            let p = Arc::new(Progress::default());
+            let body = H2Body::new(recv, content_length, p.clone(), expects);
+            // Followed only when the client has a body still to send.
+            if !body.is_end_stream() {
+                progress = Some(p);
+            }
+            body
+        };
+        let present = Present::of(&parts.headers);
+        let req = Box::new(DownRequest {
+            req: Request::from_parts(parts, crate::body::DownBody::H2(body)),
+            fields: None,
+        });
+        Some(Self {
+            req,
+            present,
+            respond,
+            ctx,
+            tunnel,
+            progress,
+        })
+    }
+}
+
+async fn run(stream: Stream) {
+    let Stream {
+        req,
+        present,
+        mut respond,
+        ctx,
+        tunnel,
+        progress,
+    } = stream;
+    // The handler's future, most of the task's, ends with this block: sending the response
+    // reuses its room.
+    let answered = {
+        let mut handled = std::pin::pin!(crate::proxy::handle_with(req, ctx, present, false));
+        poll_fn(|cx| {
+            if let Poll::Ready(r) = handled.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            if progress.as_ref().is_some_and(|p| p.poll_wanted(cx)) {
+                let mut r = Response::new(());
+                *r.status_mut() = StatusCode::CONTINUE;
+                if let Err(e) = respond.send_informational(r) {
+                    tracing::debug!(error = %e, "HTTP/2 stream: 100 Continue not sent");
+                }
+            }
+            // The client's reset cancels the request (the handler is dropped).
+            match respond.poll_reset(cx) {
+                Poll::Ready(r) => {
+                    tracing::debug!(reason = ?r.ok(), "HTTP/2 stream reset by the client");
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
     };
-    let req = Request::from_parts(parts, crate::body::DownBody::H2(body));
-    let handled = crate::proxy::handle(req, ctx);
-    tokio::pin!(handled);
-    let answered = poll_fn(|cx| {
-        if let Poll::Ready(r) = handled.as_mut().poll(cx) {
-            return Poll::Ready(Some(r));
-        }
-        if progress.as_ref().is_some_and(|p| p.poll_wanted(cx)) {
-            let mut r = Response::new(());
-            *r.status_mut() = StatusCode::CONTINUE;
-            if let Err(e) = respond.send_informational(r) {
-                tracing::debug!(error = %e, "HTTP/2 stream: 100 Continue not sent");
-            }
-        }
-        // The client's reset cancels the request (the handler is dropped).
-        match respond.poll_reset(cx) {
-            Poll::Ready(r) => {
-                tracing::debug!(reason = ?r.ok(), "HTTP/2 stream reset by the client");
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await;
     let Some(Ok(resp)) = answered else {
         return;
     };
-    let (mut head, body) = resp.into_parts();
+    let (mut head, body) = crate::proxy::unbox(resp).into_parts();
     strip_connection_headers(&mut head.headers);
     head.headers.entry(header::DATE).or_insert_with(date);
     if let Some(tx) = tunnel {
