@@ -50,18 +50,19 @@ impl Progress {
 }
 
 impl H2Body {
-    /// The body of a stream whose head declared `content_length` (if any).
+    /// The body of a stream whose head declared `content_length` (if any); `progress`, when
+    /// the stream's task follows the body (one that has yet to come).
     pub(super) fn new(
         recv: h2::RecvStream,
         content_length: Option<u64>,
-        progress: Arc<Progress>,
+        progress: Option<Arc<Progress>>,
         expects: bool,
     ) -> Self {
         Self {
             recv: Some(recv),
             remaining: content_length,
             data_done: false,
-            progress: Some(progress),
+            progress,
             expects,
         }
     }

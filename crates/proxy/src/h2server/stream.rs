@@ -59,8 +59,7 @@ impl Stream {
         let (mut parts, recv) = req.into_parts();
         let content_length = content_length(&parts.headers);
         let mut tunnel = None;
-        let mut progress = None;
-        let body = if parts.method == Method::CONNECT {
+        let (body, progress) = if parts.method == Method::CONNECT {
             if content_length.is_some_and(|n| n != 0) {
                 respond.send_reset(h2::Reason::INTERNAL_ERROR);
                 return None;
@@ -73,16 +72,17 @@ impl Stream {
                 parts.extensions.insert(pending);
                 tunnel = Some(tx);
             }
-            H2Body::empty()
+            (H2Body::empty(), None)
         } else {
-            let expects = crate::expect::expects_continue(parts.version, &parts.headers);
-            let p = Arc::new(Progress::default());
-            let body = H2Body::new(recv, content_length, p.clone(), expects);
-            // Followed only when the client has a body still to send.
-            if !body.is_end_stream() {
-                progress = Some(p);
-            }
-            body
+            // Followed only when the client has a body still to send: a request without one
+            // (most) allocates nothing for it, and has no `100 Continue` to wait for.
+            let progress = (!recv.is_end_stream()).then(|| Arc::new(Progress::default()));
+            let expects = progress.is_some()
+                && crate::expect::expects_continue(parts.version, &parts.headers);
+            (
+                H2Body::new(recv, content_length, progress.clone(), expects),
+                progress,
+            )
         };
         let present = Present::of(&parts.headers);
         let req = Box::new(DownRequest {
