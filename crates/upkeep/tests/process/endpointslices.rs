@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::Value;
-use upkeep_test_support::{free_ports, get, load, TestBackend};
+use upkeep_test_support::{get, load, TestBackend};
 
-use crate::support::{write, Proc, BIN};
+use crate::support::{loopbacks, write, Proc, BIN};
 
 /// A fresh directory for one test's files.
 fn temp_dir(name: &str) -> PathBuf {
@@ -151,7 +151,7 @@ max_refresh = "1s"
 /// Starts `upkeep serve` in `dir` with `kube` as its `[kubernetes]` table and `env` set (none
 /// of the caller's Kubernetes environment leaks in), and waits until it is ready.
 async fn upkeep_with(dir: &Path, kube: &str, env: &[(&str, String)], discovery: &str) -> Upkeep {
-    let [listen, admin] = free_ports().map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+    let [listen, admin] = loopbacks();
     let file = dir.join("upkeep.toml");
     write(&file, &config_text(listen, admin, kube, discovery));
     let child = Proc(
