@@ -209,132 +209,141 @@ pub struct RequestHead<'a> {
 /// final response head, skipping 1xx heads, while the body keeps going out. `body` is left
 /// in place, untouched, when the exchange fails before any byte was written, so that the
 /// request can be sent again on another connection; `written` says whether any byte went.
-pub async fn exchange<T: AsyncRead + AsyncWrite + Unpin>(
-    wire: &mut Wire<T>,
-    req: RequestHead<'_>,
-    body: &mut Option<ReqBody>,
-    written: &mut bool,
-) -> Result<Box<Sent>, SendError> {
-    let RequestHead {
-        method,
-        uri,
-        received,
-        headers,
-        added,
-        raw_head,
-    } = req;
-    let head_request = *method == Method::HEAD;
-    let mut b = body.take();
-    // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`. Fields
-    // kept as received have no `Transfer-Encoding`: a body there has its length.
-    let enc = match (&b, received) {
-        (None, _) => Enc::Length(0),
-        (Some(_), Some(f)) => Enc::Length(f.length().unwrap_or(0)),
-        (Some(_), None) => match headers.get(header::CONTENT_LENGTH) {
-            Some(v) => Enc::Length(
-                std::str::from_utf8(v.as_bytes())
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .ok_or_else(|| SendError::Body("invalid Content-Length".into()))?,
-            ),
-            None => Enc::Chunked,
-        },
-    };
-    write_head(
-        wire,
-        method,
-        uri,
-        received,
-        headers,
-        added,
-        enc == Enc::Chunked,
-    );
-    let declared = b.is_some() && headers.contains_key(header::TRAILER);
-    let first = b.as_mut().and_then(ReqBody::take_first);
-    let mut up = Upload {
-        body: b,
-        enc,
-        declared,
-        trailers: None,
-        finishing: false,
-        done: false,
-        broken: false,
-        write_error: None,
-        written_any: false,
-        took_any: false,
-    };
-    if let Some(f) = &first {
-        if let Err(e) = up.encode(wire, f) {
-            return Err(SendError::Body(e));
-        }
-    }
-    if up.body.is_none() {
-        up.finish(wire).map_err(SendError::Body)?;
-        up.finishing = true;
-    }
-    let mut eof = false;
-    let res = poll_fn(|cx| {
-        // Until a read finds nothing in this poll: then the task is woken when more comes,
-        // and reading again in this poll (the upload made progress) would find nothing
-        // again.
-        let mut may_read = true;
-        loop {
-            let mut progress = up.poll_upload(wire, cx)?;
-            if may_read {
-                if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
-                    wire.rbuf.reserve(READ_CHUNK);
-                }
-                match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf) {
-                    Poll::Ready(Ok(0)) => eof = true,
-                    Poll::Ready(Ok(_)) => progress = true,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
-                    Poll::Pending => may_read = false,
-                }
-            }
-            // Nothing read yet (the first poll, as a rule): nothing to parse.
-            while !wire.rbuf.is_empty() {
-                match head::parse_with(&mut wire.rbuf, head_request, &mut wire.fields, raw_head)? {
-                    Parsed::Partial => break,
-                    // 101 to a request that asked no upgrade: nothing can follow it here.
-                    Parsed::Informational(s, _) if s == StatusCode::SWITCHING_PROTOCOLS => {
-                        return Poll::Ready(Err(SendError::Bad(BadResponse(
-                            "101 Switching Protocols to a request without Upgrade",
-                        ))))
-                    }
-                    // 100 Continue (nobody waits for it here: the body is already going),
-                    // 102, 103: skipped, as hyper does.
-                    Parsed::Informational(..) => continue,
-                    Parsed::Final(h, _) => return Poll::Ready(Ok(h)),
-                }
-            }
-            if eof {
-                return Poll::Ready(Err(up
-                    .write_error
-                    .take()
-                    .map_or(SendError::Closed, SendError::Io)));
-            }
-            if !progress {
-                return Poll::Pending;
+#[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
+pub fn exchange<'a, T: AsyncRead + AsyncWrite + Unpin>(
+    wire: &'a mut Wire<T>,
+    req: RequestHead<'a>,
+    body: &'a mut Option<ReqBody>,
+    written: &'a mut bool,
+) -> impl std::future::Future<Output = Result<Box<Sent>, SendError>> + 'a {
+    async move {
+        let RequestHead {
+            method,
+            uri,
+            received,
+            headers,
+            added,
+            raw_head,
+        } = req;
+        let head_request = *method == Method::HEAD;
+        let mut b = body.take();
+        // A bodyless request (most are) looks up neither `Content-Length` nor `Trailer`. Fields
+        // kept as received have no `Transfer-Encoding`: a body there has its length.
+        let enc = match (&b, received) {
+            (None, _) => Enc::Length(0),
+            (Some(_), Some(f)) => Enc::Length(f.length().unwrap_or(0)),
+            (Some(_), None) => match headers.get(header::CONTENT_LENGTH) {
+                Some(v) => Enc::Length(
+                    std::str::from_utf8(v.as_bytes())
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .ok_or_else(|| SendError::Body("invalid Content-Length".into()))?,
+                ),
+                None => Enc::Chunked,
+            },
+        };
+        write_head(
+            wire,
+            method,
+            uri,
+            received,
+            headers,
+            added,
+            enc == Enc::Chunked,
+        );
+        let declared = b.is_some() && headers.contains_key(header::TRAILER);
+        let first = b.as_mut().and_then(ReqBody::take_first);
+        let mut up = Upload {
+            body: b,
+            enc,
+            declared,
+            trailers: None,
+            finishing: false,
+            done: false,
+            broken: false,
+            write_error: None,
+            written_any: false,
+            took_any: false,
+        };
+        if let Some(f) = &first {
+            if let Err(e) = up.encode(wire, f) {
+                return Err(SendError::Body(e));
             }
         }
-    })
-    .await;
-    *written = up.written_any;
-    match res {
-        // On the heap: the head and the upload (352 bytes) go up through the attempt's
-        // polls as a pointer.
-        Ok(head) => Ok(Box::new(Sent { head, upload: up })),
-        Err(e) => {
-            if !up.written_any && !up.took_any {
-                // Nothing went out: the body is whole again for another connection.
-                if let Some(mut b) = up.body.take() {
-                    if let Some(f) = first {
-                        b.restore_first(f);
+        if up.body.is_none() {
+            up.finish(wire).map_err(SendError::Body)?;
+            up.finishing = true;
+        }
+        let mut eof = false;
+        let res = poll_fn(|cx| {
+            // Until a read finds nothing in this poll: then the task is woken when more comes,
+            // and reading again in this poll (the upload made progress) would find nothing
+            // again.
+            let mut may_read = true;
+            loop {
+                let mut progress = up.poll_upload(wire, cx)?;
+                if may_read {
+                    if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
+                        wire.rbuf.reserve(READ_CHUNK);
                     }
-                    *body = Some(b);
+                    match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf)
+                    {
+                        Poll::Ready(Ok(0)) => eof = true,
+                        Poll::Ready(Ok(_)) => progress = true,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(SendError::Io(e))),
+                        Poll::Pending => may_read = false,
+                    }
+                }
+                // Nothing read yet (the first poll, as a rule): nothing to parse.
+                while !wire.rbuf.is_empty() {
+                    match head::parse_with(
+                        &mut wire.rbuf,
+                        head_request,
+                        &mut wire.fields,
+                        raw_head,
+                    )? {
+                        Parsed::Partial => break,
+                        // 101 to a request that asked no upgrade: nothing can follow it here.
+                        Parsed::Informational(s, _) if s == StatusCode::SWITCHING_PROTOCOLS => {
+                            return Poll::Ready(Err(SendError::Bad(BadResponse(
+                                "101 Switching Protocols to a request without Upgrade",
+                            ))))
+                        }
+                        // 100 Continue (nobody waits for it here: the body is already going),
+                        // 102, 103: skipped, as hyper does.
+                        Parsed::Informational(..) => continue,
+                        Parsed::Final(h, _) => return Poll::Ready(Ok(h)),
+                    }
+                }
+                if eof {
+                    return Poll::Ready(Err(up
+                        .write_error
+                        .take()
+                        .map_or(SendError::Closed, SendError::Io)));
+                }
+                if !progress {
+                    return Poll::Pending;
                 }
             }
-            Err(e)
+        })
+        .await;
+        *written = up.written_any;
+        match res {
+            // On the heap: the head and the upload (352 bytes) go up through the attempt's
+            // polls as a pointer.
+            Ok(head) => Ok(Box::new(Sent { head, upload: up })),
+            Err(e) => {
+                if !up.written_any && !up.took_any {
+                    // Nothing went out: the body is whole again for another connection.
+                    if let Some(mut b) = up.body.take() {
+                        if let Some(f) = first {
+                            b.restore_first(f);
+                        }
+                        *body = Some(b);
+                    }
+                }
+                Err(e)
+            }
         }
     }
 }

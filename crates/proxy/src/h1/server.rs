@@ -235,37 +235,40 @@ where
 /// request is handled (`watch_eof`) has left, and the request is dropped (its upstream
 /// exchange with it): `None`. Bytes that come meanwhile (a pipelined request) wait in the
 /// buffer.
-async fn handled<IO>(
+#[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
+fn handled<'a, IO>(
     request: Box<crate::proxy::DownRequest>,
-    ctx: &Arc<ConnCtx>,
+    ctx: &'a Arc<ConnCtx>,
     present: Present,
-    wire: &Shared<IO>,
+    wire: &'a Shared<IO>,
     mut watch_eof: bool,
-) -> Option<crate::proxy::Resp>
+) -> impl std::future::Future<Output = Option<crate::proxy::Resp>> + 'a
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut handling = std::pin::pin!(crate::proxy::handle_with(
-        request,
-        ctx.clone(),
-        present,
-        true
-    ));
-    loop {
-        // The answer first, when the client also left meanwhile.
-        tokio::select! {
-            biased;
-            r = &mut handling => {
-                let Ok(resp) = r;
-                return Some(resp);
-            }
-            r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
-                Ok(0) | Err(_) => {
-                    tracing::debug!("the client closed its connection while its request was handled");
-                    return None;
+    async move {
+        let mut handling = std::pin::pin!(crate::proxy::handle_with(
+            request,
+            ctx.clone(),
+            present,
+            true
+        ));
+        loop {
+            // The answer first, when the client also left meanwhile.
+            tokio::select! {
+                biased;
+                r = &mut handling => {
+                    let Ok(resp) = r;
+                    return Some(resp);
                 }
-                Ok(_) => watch_eof = false,
-            },
+                r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
+                    Ok(0) | Err(_) => {
+                        tracing::debug!("the client closed its connection while its request was handled");
+                        return None;
+                    }
+                    Ok(_) => watch_eof = false,
+                },
+            }
         }
     }
 }

@@ -100,79 +100,87 @@ impl Stream {
     }
 }
 
-async fn run(stream: Stream) {
-    let Stream {
-        req,
-        present,
-        mut respond,
-        ctx,
-        tunnel,
-        progress,
-    } = stream;
-    // The handler's future, most of the task's, ends with this block: sending the response
-    // reuses its room.
-    let answered = {
-        let mut handled = std::pin::pin!(crate::proxy::handle_with(req, ctx, present, false));
-        poll_fn(|cx| {
-            if let Poll::Ready(r) = handled.as_mut().poll(cx) {
-                return Poll::Ready(Some(r));
-            }
-            if progress.as_ref().is_some_and(|p| p.poll_wanted(cx)) {
-                let mut r = Response::new(());
-                *r.status_mut() = StatusCode::CONTINUE;
-                if let Err(e) = respond.send_informational(r) {
-                    tracing::debug!(error = %e, "HTTP/2 stream: 100 Continue not sent");
+/// A plain function: an `async fn` would keep `stream` twice, as its argument and as the
+/// locals it is taken apart into; the block uses the argument's fields where they are.
+#[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
+fn run(mut stream: Stream) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        // The handler's future, most of the task's, ends with this block: sending the response
+        // reuses its room.
+        let answered = {
+            let mut handled = std::pin::pin!(crate::proxy::handle_with(
+                stream.req,
+                stream.ctx,
+                stream.present,
+                false
+            ));
+            poll_fn(|cx| {
+                if let Poll::Ready(r) = handled.as_mut().poll(cx) {
+                    return Poll::Ready(Some(r));
                 }
-            }
-            // The client's reset cancels the request (the handler is dropped).
-            match respond.poll_reset(cx) {
-                Poll::Ready(r) => {
-                    tracing::debug!(reason = ?r.ok(), "HTTP/2 stream reset by the client");
-                    Poll::Ready(None)
+                if stream.progress.as_ref().is_some_and(|p| p.poll_wanted(cx)) {
+                    let mut r = Response::new(());
+                    *r.status_mut() = StatusCode::CONTINUE;
+                    if let Err(e) = stream.respond.send_informational(r) {
+                        tracing::debug!(error = %e, "HTTP/2 stream: 100 Continue not sent");
+                    }
                 }
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await
-    };
-    let Some(Ok(resp)) = answered else {
-        return;
-    };
-    let (mut head, body) = crate::proxy::unbox(resp).into_parts();
-    strip_connection_headers(&mut head.headers);
-    head.headers.entry(header::DATE).or_insert_with(date);
-    if let Some(tx) = tunnel {
-        if head.status.is_success() {
-            head.headers.remove(header::CONTENT_LENGTH);
-            match respond.send_response(Response::from_parts(head, ()), false) {
-                Ok(send) => {
-                    let _ = tx.send(send);
+                // The client's reset cancels the request (the handler is dropped).
+                match stream.respond.poll_reset(cx) {
+                    Poll::Ready(r) => {
+                        tracing::debug!(reason = ?r.ok(), "HTTP/2 stream reset by the client");
+                        Poll::Ready(None)
+                    }
+                    Poll::Pending => Poll::Pending,
                 }
-                Err(e) => tracing::debug!(error = %e, "HTTP/2 stream: response not sent"),
-            }
+            })
+            .await
+        };
+        let Some(Ok(resp)) = answered else {
             return;
+        };
+        let (mut head, body) = crate::proxy::unbox(resp).into_parts();
+        strip_connection_headers(&mut head.headers);
+        head.headers.entry(header::DATE).or_insert_with(date);
+        if let Some(tx) = stream.tunnel {
+            if head.status.is_success() {
+                head.headers.remove(header::CONTENT_LENGTH);
+                match stream
+                    .respond
+                    .send_response(Response::from_parts(head, ()), false)
+                {
+                    Ok(send) => {
+                        let _ = tx.send(send);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "HTTP/2 stream: response not sent"),
+                }
+                return;
+            }
         }
-    }
-    let body = StallWatch::new(body);
-    let eos = body.is_end_stream();
-    if !eos {
-        if let Some(n) = body.size_hint().exact() {
-            head.headers
-                .entry(header::CONTENT_LENGTH)
-                .or_insert_with(|| HeaderValue::from(n));
+        let body = StallWatch::new(body);
+        let eos = body.is_end_stream();
+        if !eos {
+            if let Some(n) = body.size_hint().exact() {
+                head.headers
+                    .entry(header::CONTENT_LENGTH)
+                    .or_insert_with(|| HeaderValue::from(n));
+            }
         }
-    }
-    let send = match respond.send_response(Response::from_parts(head, ()), eos) {
-        Ok(send) => send,
-        Err(e) => {
-            tracing::debug!(error = %e, "HTTP/2 stream: response not sent");
-            respond.send_reset(h2::Reason::INTERNAL_ERROR);
-            return;
+        let send = match stream
+            .respond
+            .send_response(Response::from_parts(head, ()), eos)
+        {
+            Ok(send) => send,
+            Err(e) => {
+                tracing::debug!(error = %e, "HTTP/2 stream: response not sent");
+                stream.respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+        };
+        let send = if eos { send } else { pipe(body, send).await };
+        if stream.progress.is_some_and(|p| !p.ended()) {
+            linger(send).await;
         }
-    };
-    let send = if eos { send } else { pipe(body, send).await };
-    if progress.is_some_and(|p| !p.ended()) {
-        linger(send).await;
     }
 }
 

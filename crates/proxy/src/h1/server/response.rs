@@ -211,261 +211,264 @@ impl Fields<'_> {
 }
 
 /// Writes `resp`; `Ok(true)` when the connection may carry another request.
-pub(crate) async fn write<IO: AsyncRead + AsyncWrite + Unpin>(
-    wire: &Shared<IO>,
-    wbuf: &mut BytesMut,
-    pending: &mut Vec<Bytes>,
+#[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
+pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
+    wire: &'a Shared<IO>,
+    wbuf: &'a mut BytesMut,
+    pending: &'a mut Vec<Bytes>,
     resp: crate::proxy::Resp,
-    req: &Answering<'_>,
+    req: &'a Answering<'a>,
     send_timeout: Duration,
-    activity: &ConnActivity,
-) -> io::Result<bool> {
-    let (parts, mut body) = crate::proxy::unbox(resp).into_parts();
-    let status = parts.status;
-    let informational = status.is_informational();
-    let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
-    let can_chunk = !req.head_method && !informational && !no_content;
-    let can_length = !informational && !no_content;
-    let known = if body.is_end_stream() {
-        Known::None
-    } else {
-        match body.size_hint().exact() {
-            Some(n) => Known::Exact(n),
-            None => Known::Unknown,
-        }
-    };
-    let keep_alive = req.keep_alive;
-
-    wbuf.clear();
-    if status == StatusCode::OK {
-        wbuf.put_slice(b"HTTP/1.1 200 OK\r\n");
-    } else {
-        wbuf.put_slice(b"HTTP/1.1 ");
-        wbuf.put_slice(status.as_str().as_bytes());
-        wbuf.put_u8(b' ');
-        wbuf.put_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
-        wbuf.put_slice(b"\r\n");
-    }
-    let mut head = Fields {
-        enc: None,
-        wrote_date: false,
-        connection: BytesMut::new(),
-        te_chunked_last: true,
-        te_written: false,
-        keep_alive,
-        known,
-        req,
-        can_chunk,
-    };
-    if let Some(raw) = body.take_raw_head() {
-        // The upstream's fields as received (no framing or hop-by-hop one among them), then
-        // its framing fields through the same rules as a map's.
-        wbuf.put_slice(&raw.fields);
-        head.wrote_date = raw.date;
-        if let Some(n) = raw.length {
-            let mut digits = [0u8; 20];
-            head.put(wbuf, &header::CONTENT_LENGTH, num(n, 10, &mut digits))?;
-        }
-        if raw.chunked {
-            head.put(wbuf, &header::TRANSFER_ENCODING, b"chunked")?;
-        }
-    }
-    for (name, value) in &parts.headers {
-        head.put(wbuf, name, value.as_bytes())?;
-    }
-    if body.keepalive_hinted() {
-        head.put(wbuf, &KEEP_ALIVE, req.keepalive.as_bytes())?;
-    }
-    if head.te_written {
-        if !head.te_chunked_last {
-            wbuf.put_slice(b", chunked");
-        }
-        wbuf.put_slice(b"\r\n");
-    }
-    let Fields {
-        enc,
-        wrote_date,
-        connection,
-        mut keep_alive,
-        ..
-    } = head;
-    // The fields are in the head now: the map's memory serves the next message.
-    crate::headers::recycle_map(parts.headers);
-    let mut enc = match enc {
-        Some(e) => e,
-        None => match known {
-            Known::Unknown if req.http10 || !can_chunk => Enc::Close,
-            Known::Unknown => {
-                wbuf.put_slice(b"transfer-encoding: chunked\r\n");
-                Enc::Chunked
-            }
-            Known::None | Known::Exact(0) => {
-                if can_length && !req.head_method {
-                    wbuf.put_slice(b"content-length: 0\r\n");
-                }
-                Enc::Length(0)
-            }
-            Known::Exact(n) => {
-                if can_length {
-                    wbuf.put_slice(b"content-length: ");
-                    put_num(wbuf, n, 10);
-                    wbuf.put_slice(b"\r\n");
-                    Enc::Length(n)
-                } else {
-                    Enc::Length(0)
-                }
-            }
-        },
-    };
-    if !can_chunk {
-        // HEAD, 1xx, 204, 304: never a body, whatever the fields say.
-        enc = Enc::Length(0);
-    }
-    if enc == Enc::Close && can_chunk {
-        keep_alive = false;
-    }
-    // The connection's fate, said to the client: an HTTP/1.0 client keeps it only when told
-    // `keep-alive`; an HTTP/1.1 one is told `close` when it ends here.
-    let has = |tok: &[u8]| {
-        connection[..]
-            .split(|&b| b == b',')
-            .any(|t| crate::h1::head::trim_ows(t).eq_ignore_ascii_case(tok))
-    };
-    let add: Option<&[u8]> = if keep_alive {
-        (req.http10 && !has(b"keep-alive")).then_some(&b"keep-alive"[..])
-    } else {
-        (!has(b"close")).then_some(&b"close"[..])
-    };
-    if !connection.is_empty() || add.is_some() {
-        wbuf.put_slice(b"connection: ");
-        wbuf.put_slice(&connection);
-        if let Some(a) = add {
-            if !connection.is_empty() {
-                wbuf.put_slice(b", ");
-            }
-            wbuf.put_slice(a);
-        }
-        wbuf.put_slice(b"\r\n");
-    }
-    if !wrote_date {
-        wbuf.put_slice(b"date: ");
-        date(wbuf);
-        wbuf.put_slice(b"\r\n");
-    }
-    wbuf.put_slice(b"\r\n");
-    let head = wbuf.split().freeze();
-    let trailers_allowed = req.accepts_trailers && enc == Enc::Chunked;
-    let mut out = Out {
-        wire,
-        send_timeout,
-        activity,
-    };
-
-    if enc == Enc::Length(0) {
-        // Nothing of the body goes out: it is dropped unread, as hyper did.
-        drop(body);
-        out.write_all(&mut [head]).await?;
-        return Ok(keep_alive);
-    }
-
-    pending.clear();
-    pending.push(head);
-    let mut left = match enc {
-        Enc::Length(n) => n,
-        _ => 0,
-    };
-    loop {
-        // A frame at hand goes out with what is queued; none at hand: the queue goes now.
-        let frame = if pending.is_empty() {
-            poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
-        } else if pending.len() >= 16 {
-            out.write_all(pending).await?;
-            pending.clear();
-            continue;
+    activity: &'a ConnActivity,
+) -> impl std::future::Future<Output = io::Result<bool>> + 'a {
+    async move {
+        let (parts, mut body) = crate::proxy::unbox(resp).into_parts();
+        let status = parts.status;
+        let informational = status.is_informational();
+        let no_content = matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+        let can_chunk = !req.head_method && !informational && !no_content;
+        let can_length = !informational && !no_content;
+        let known = if body.is_end_stream() {
+            Known::None
         } else {
-            match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
-                Poll::Ready(f) => f,
-                Poll::Pending => {
-                    out.write_all(pending).await?;
-                    pending.clear();
-                    continue;
-                }
+            match body.size_hint().exact() {
+                Some(n) => Known::Exact(n),
+                None => Known::Unknown,
             }
         };
-        match frame {
-            None => {
-                match enc {
-                    Enc::Chunked => {
-                        pending.push(Bytes::from_static(b"0\r\n\r\n"));
-                    }
-                    // Shorter than its length: the client can only tell by the close.
-                    Enc::Length(_) if left > 0 => keep_alive = false,
-                    _ => {}
+        let keep_alive = req.keep_alive;
+
+        wbuf.clear();
+        if status == StatusCode::OK {
+            wbuf.put_slice(b"HTTP/1.1 200 OK\r\n");
+        } else {
+            wbuf.put_slice(b"HTTP/1.1 ");
+            wbuf.put_slice(status.as_str().as_bytes());
+            wbuf.put_u8(b' ');
+            wbuf.put_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+            wbuf.put_slice(b"\r\n");
+        }
+        let mut head = Fields {
+            enc: None,
+            wrote_date: false,
+            connection: BytesMut::new(),
+            te_chunked_last: true,
+            te_written: false,
+            keep_alive,
+            known,
+            req,
+            can_chunk,
+        };
+        if let Some(raw) = body.take_raw_head() {
+            // The upstream's fields as received (no framing or hop-by-hop one among them), then
+            // its framing fields through the same rules as a map's.
+            wbuf.put_slice(&raw.fields);
+            head.wrote_date = raw.date;
+            if let Some(n) = raw.length {
+                let mut digits = [0u8; 20];
+                head.put(wbuf, &header::CONTENT_LENGTH, num(n, 10, &mut digits))?;
+            }
+            if raw.chunked {
+                head.put(wbuf, &header::TRANSFER_ENCODING, b"chunked")?;
+            }
+        }
+        for (name, value) in &parts.headers {
+            head.put(wbuf, name, value.as_bytes())?;
+        }
+        if body.keepalive_hinted() {
+            head.put(wbuf, &KEEP_ALIVE, req.keepalive.as_bytes())?;
+        }
+        if head.te_written {
+            if !head.te_chunked_last {
+                wbuf.put_slice(b", chunked");
+            }
+            wbuf.put_slice(b"\r\n");
+        }
+        let Fields {
+            enc,
+            wrote_date,
+            connection,
+            mut keep_alive,
+            ..
+        } = head;
+        // The fields are in the head now: the map's memory serves the next message.
+        crate::headers::recycle_map(parts.headers);
+        let mut enc = match enc {
+            Some(e) => e,
+            None => match known {
+                Known::Unknown if req.http10 || !can_chunk => Enc::Close,
+                Known::Unknown => {
+                    wbuf.put_slice(b"transfer-encoding: chunked\r\n");
+                    Enc::Chunked
                 }
-                drop(body);
+                Known::None | Known::Exact(0) => {
+                    if can_length && !req.head_method {
+                        wbuf.put_slice(b"content-length: 0\r\n");
+                    }
+                    Enc::Length(0)
+                }
+                Known::Exact(n) => {
+                    if can_length {
+                        wbuf.put_slice(b"content-length: ");
+                        put_num(wbuf, n, 10);
+                        wbuf.put_slice(b"\r\n");
+                        Enc::Length(n)
+                    } else {
+                        Enc::Length(0)
+                    }
+                }
+            },
+        };
+        if !can_chunk {
+            // HEAD, 1xx, 204, 304: never a body, whatever the fields say.
+            enc = Enc::Length(0);
+        }
+        if enc == Enc::Close && can_chunk {
+            keep_alive = false;
+        }
+        // The connection's fate, said to the client: an HTTP/1.0 client keeps it only when told
+        // `keep-alive`; an HTTP/1.1 one is told `close` when it ends here.
+        let has = |tok: &[u8]| {
+            connection[..]
+                .split(|&b| b == b',')
+                .any(|t| crate::h1::head::trim_ows(t).eq_ignore_ascii_case(tok))
+        };
+        let add: Option<&[u8]> = if keep_alive {
+            (req.http10 && !has(b"keep-alive")).then_some(&b"keep-alive"[..])
+        } else {
+            (!has(b"close")).then_some(&b"close"[..])
+        };
+        if !connection.is_empty() || add.is_some() {
+            wbuf.put_slice(b"connection: ");
+            wbuf.put_slice(&connection);
+            if let Some(a) = add {
+                if !connection.is_empty() {
+                    wbuf.put_slice(b", ");
+                }
+                wbuf.put_slice(a);
+            }
+            wbuf.put_slice(b"\r\n");
+        }
+        if !wrote_date {
+            wbuf.put_slice(b"date: ");
+            date(wbuf);
+            wbuf.put_slice(b"\r\n");
+        }
+        wbuf.put_slice(b"\r\n");
+        let head = wbuf.split().freeze();
+        let trailers_allowed = req.accepts_trailers && enc == Enc::Chunked;
+        let mut out = Out {
+            wire,
+            send_timeout,
+            activity,
+        };
+
+        if enc == Enc::Length(0) {
+            // Nothing of the body goes out: it is dropped unread, as hyper did.
+            drop(body);
+            out.write_all(&mut [head]).await?;
+            return Ok(keep_alive);
+        }
+
+        pending.clear();
+        pending.push(head);
+        let mut left = match enc {
+            Enc::Length(n) => n,
+            _ => 0,
+        };
+        loop {
+            // A frame at hand goes out with what is queued; none at hand: the queue goes now.
+            let frame = if pending.is_empty() {
+                poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+            } else if pending.len() >= 16 {
                 out.write_all(pending).await?;
-                return Ok(keep_alive);
-            }
-            Some(Err(e)) => {
-                // Cut mid-body: the client sees the close before the end.
-                drop(body);
-                if !pending.is_empty() {
-                    let _ = out.write_all(pending).await;
-                }
-                return Err(io::Error::other(e));
-            }
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    if data.is_empty() {
+                pending.clear();
+                continue;
+            } else {
+                match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+                    Poll::Ready(f) => f,
+                    Poll::Pending => {
+                        out.write_all(pending).await?;
+                        pending.clear();
                         continue;
                     }
+                }
+            };
+            match frame {
+                None => {
                     match enc {
-                        Enc::Length(_) => {
-                            if data.len() as u64 > left {
-                                drop(body);
-                                return Err(io::Error::other(
-                                    "response body longer than its Content-Length",
-                                ));
-                            }
-                            left -= data.len() as u64;
-                            pending.push(data);
-                        }
                         Enc::Chunked => {
-                            let mut line = BytesMut::with_capacity(18);
-                            put_num(&mut line, data.len() as u64, 16);
-                            line.put_slice(b"\r\n");
-                            pending.push(line.freeze());
-                            pending.push(data);
-                            pending.push(Bytes::from_static(b"\r\n"));
+                            pending.push(Bytes::from_static(b"0\r\n\r\n"));
                         }
-                        Enc::Close => pending.push(data),
+                        // Shorter than its length: the client can only tell by the close.
+                        Enc::Length(_) if left > 0 => keep_alive = false,
+                        _ => {}
                     }
-                }
-                Err(frame) => {
-                    let Ok(trailers) = frame.into_trailers() else {
-                        continue;
-                    };
-                    if !trailers_allowed {
-                        continue;
-                    }
-                    let mut end = BytesMut::new();
-                    end.put_slice(b"0\r\n");
-                    for (name, value) in &trailers {
-                        if fit_for_trailer(name) {
-                            end.put_slice(name.as_str().as_bytes());
-                            end.put_slice(b": ");
-                            end.put_slice(value.as_bytes());
-                            end.put_slice(b"\r\n");
-                        }
-                    }
-                    end.put_slice(b"\r\n");
-                    pending.push(end.freeze());
-                    // The trailers end the body.
                     drop(body);
                     out.write_all(pending).await?;
                     return Ok(keep_alive);
                 }
-            },
+                Some(Err(e)) => {
+                    // Cut mid-body: the client sees the close before the end.
+                    drop(body);
+                    if !pending.is_empty() {
+                        let _ = out.write_all(pending).await;
+                    }
+                    return Err(io::Error::other(e));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        if data.is_empty() {
+                            continue;
+                        }
+                        match enc {
+                            Enc::Length(_) => {
+                                if data.len() as u64 > left {
+                                    drop(body);
+                                    return Err(io::Error::other(
+                                        "response body longer than its Content-Length",
+                                    ));
+                                }
+                                left -= data.len() as u64;
+                                pending.push(data);
+                            }
+                            Enc::Chunked => {
+                                let mut line = BytesMut::with_capacity(18);
+                                put_num(&mut line, data.len() as u64, 16);
+                                line.put_slice(b"\r\n");
+                                pending.push(line.freeze());
+                                pending.push(data);
+                                pending.push(Bytes::from_static(b"\r\n"));
+                            }
+                            Enc::Close => pending.push(data),
+                        }
+                    }
+                    Err(frame) => {
+                        let Ok(trailers) = frame.into_trailers() else {
+                            continue;
+                        };
+                        if !trailers_allowed {
+                            continue;
+                        }
+                        let mut end = BytesMut::new();
+                        end.put_slice(b"0\r\n");
+                        for (name, value) in &trailers {
+                            if fit_for_trailer(name) {
+                                end.put_slice(name.as_str().as_bytes());
+                                end.put_slice(b": ");
+                                end.put_slice(value.as_bytes());
+                                end.put_slice(b"\r\n");
+                            }
+                        }
+                        end.put_slice(b"\r\n");
+                        pending.push(end.freeze());
+                        // The trailers end the body.
+                        drop(body);
+                        out.write_all(pending).await?;
+                        return Ok(keep_alive);
+                    }
+                },
+            }
         }
     }
 }
