@@ -1,11 +1,19 @@
 //! Values kept aside per serving thread for the next request, so that a request does not pay
 //! a free and an allocation for memory the next one needs again: the read and write buffers
-//! an idle connection lets go of (`h1::server::wire`), and the header maps of finished
-//! messages (`headers::map_with_capacity`). Each list is bounded in count, and values larger
-//! than its limit are freed, so what a thread keeps does not depend on its connections.
+//! a connection lets go of while it waits (downstream, `h1::server`; upstream, `h1::client`),
+//! and the header maps of finished messages (`headers::map_with_capacity`). Each list is
+//! bounded in count, and values larger than its limit are freed, so what a thread keeps does
+//! not depend on its connections.
+//!
+//! The lists are last in, first out, which also keeps the memory a request touches in cache:
+//! the buffer a request takes is the one the thread let go of last, whose bytes it has just
+//! touched, not one that lay with a connection while a few hundred others were served
+//! (docs/benchmarks.md, "Memory touched per request").
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::thread::LocalKey;
+
+use bytes::BytesMut;
 
 /// A thread's list of values kept aside.
 pub(crate) type List<T> = LocalKey<RefCell<Vec<T>>>;
@@ -33,4 +41,63 @@ pub(crate) fn keep<T: 'static>(list: &'static List<T>, value: T, capacity: usize
 /// A value kept on `list`, if any.
 pub(crate) fn take<T: 'static>(list: &'static List<T>) -> Option<T> {
     list.try_with(|l| l.borrow_mut().pop()).ok().flatten()
+}
+
+/// Buffers kept aside per thread (see [`give_back`]): at most 64, of up to 16 KiB.
+const BUFFER_BOUND: Bound = Bound {
+    count: 64,
+    largest: 16 * 1024,
+};
+
+thread_local! {
+    static BUFFERS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes `buf` from a connection that does not need it now (which then holds none) and keeps
+/// it aside for the next read or write on this thread. A buffer shared with bytes still in
+/// use elsewhere (a body chunk split off it) is kept as well: it allocates anew when it must
+/// grow, and never writes where those bytes lie.
+#[inline]
+pub(crate) fn give_back(buf: &mut BytesMut) {
+    let capacity = buf.capacity();
+    // Given back already (or never taken): the common case on a connection's second look.
+    if capacity == 0 {
+        return;
+    }
+    if capacity <= BUFFER_BOUND.largest {
+        let kept = BUFFERS.try_with(|l| {
+            let mut l = l.borrow_mut();
+            if l.len() >= BUFFER_BOUND.count {
+                return false;
+            }
+            let mut b = std::mem::take(buf);
+            b.clear();
+            l.push(b);
+            true
+        });
+        if kept == Ok(true) {
+            return;
+        }
+    }
+    *buf = BytesMut::new();
+}
+
+/// A buffer kept aside by [`give_back`], or a new empty one.
+#[inline]
+pub(crate) fn buffer() -> BytesMut {
+    take(&BUFFERS).unwrap_or_default()
+}
+
+/// Runs `f` on the thread's scratch value in `slot` (a parse's field list): one per thread
+/// rather than one per connection, so that a parse writes into memory the thread has just
+/// used. Taken out of its slot for the call, so a call inside `f` gets a fresh value.
+#[inline(always)]
+pub(crate) fn with_scratch<T: Default + 'static, R>(
+    slot: &'static LocalKey<Cell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    let mut value = slot.try_with(Cell::take).unwrap_or_default();
+    let r = f(&mut value);
+    let _ = slot.try_with(|s| s.set(value));
+    r
 }

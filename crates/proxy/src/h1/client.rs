@@ -24,23 +24,23 @@ use crate::error::BoxError;
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
-/// Buffers larger than this are dropped when the connection goes idle, so that an idle
-/// pooled connection holds little memory.
-const KEEP_WHILE_IDLE: usize = 16 * 1024;
 
-/// An upstream connection with its buffers, reused request after request.
+/// An upstream connection with its buffers. The buffers are the thread's (`crate::spare`):
+/// taken when there is something to write or read, given back once the request has gone out
+/// (the write buffer) and when the connection goes idle (both), so that an idle pooled
+/// connection holds none, and a request writes its head into memory the thread has just
+/// used rather than into its connection's own, gone cold while other requests were served.
 pub struct Wire<T> {
     io: T,
     /// Read but not yet consumed: a partial head, or body bytes.
     rbuf: BytesMut,
-    /// Where request heads and chunk-size lines are written.
+    /// Where request heads and chunk-size lines are written; what is written is split off
+    /// into `pend`.
     wbuf: BytesMut,
     /// Queued for the socket, in order.
     pend: VecDeque<Bytes>,
     /// A write went out that TLS may still hold in its buffer.
     need_flush: bool,
-    /// Scratch space of the response head parse, kept with the connection.
-    fields: head::Fields,
     /// The per-try timer, kept with the connection from one exchange to the next (see
     /// [`Wire::take_timer`]).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -55,7 +55,6 @@ impl<T> Wire<T> {
             wbuf: BytesMut::new(),
             pend: VecDeque::new(),
             need_flush: false,
-            fields: head::Fields::new(),
             timer: None,
         }
     }
@@ -100,13 +99,22 @@ impl<T> Wire<T> {
         self.rbuf.is_empty() && self.pend.is_empty()
     }
 
-    /// Lets go of large buffers before the connection goes idle.
+    /// Lets go of the buffers before the connection goes idle (`crate::spare::give_back`);
+    /// bytes read ahead stay.
     pub fn release(&mut self) {
-        if self.rbuf.capacity() > KEEP_WHILE_IDLE {
-            self.rbuf = BytesMut::new();
+        if self.rbuf.is_empty() {
+            crate::spare::give_back(&mut self.rbuf);
         }
-        if self.wbuf.capacity() > KEEP_WHILE_IDLE {
-            self.wbuf = BytesMut::new();
+        crate::spare::give_back(&mut self.wbuf);
+    }
+
+    /// Room for the next read: a buffer of the thread's when the connection holds none.
+    fn read_room(&mut self) {
+        if self.rbuf.capacity() == 0 {
+            self.rbuf = crate::spare::buffer();
+        }
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 2 {
+            self.rbuf.reserve(READ_CHUNK);
         }
     }
 }
@@ -283,9 +291,7 @@ pub fn exchange<'a, T: AsyncRead + AsyncWrite + Unpin>(
             loop {
                 let mut progress = up.poll_upload(wire, cx)?;
                 if may_read {
-                    if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
-                        wire.rbuf.reserve(READ_CHUNK);
-                    }
+                    wire.read_room();
                     match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf)
                     {
                         Poll::Ready(Ok(0)) => eof = true,
@@ -296,12 +302,7 @@ pub fn exchange<'a, T: AsyncRead + AsyncWrite + Unpin>(
                 }
                 // Nothing read yet (the first poll, as a rule): nothing to parse.
                 while !wire.rbuf.is_empty() {
-                    match head::parse_with(
-                        &mut wire.rbuf,
-                        head_request,
-                        &mut wire.fields,
-                        raw_head,
-                    )? {
+                    match head::parse_scratch(&mut wire.rbuf, head_request, raw_head)? {
                         Parsed::Partial => break,
                         // 101 to a request that asked no upgrade: nothing can follow it here.
                         Parsed::Informational(s, _) if s == StatusCode::SWITCHING_PROTOCOLS => {
@@ -360,6 +361,9 @@ fn write_head<T>(
 ) {
     let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
     let lines = received.map_or(&[][..], super::fields::RawFields::lines);
+    if wire.wbuf.capacity() == 0 {
+        wire.wbuf = crate::spare::buffer();
+    }
     let w = &mut wire.wbuf;
     w.reserve(64 + target.len() + lines.len() + (headers.len() + 3) * 32);
     w.put_slice(method.as_str().as_bytes());
@@ -512,8 +516,10 @@ impl Upload {
                 }
             }
             if self.done || self.finishing {
-                // Everything queued is written: the request is complete.
+                // Everything queued is written: the request is complete, and the write buffer
+                // goes back to the thread for the next request's head.
                 self.done = true;
+                crate::spare::give_back(&mut wire.wbuf);
                 return Ok(progress);
             }
             let Some(body) = self.body.as_mut() else {
@@ -654,9 +660,7 @@ impl Reading {
                 }
                 None => {}
             }
-            if wire.rbuf.capacity() - wire.rbuf.len() < READ_CHUNK / 2 {
-                wire.rbuf.reserve(READ_CHUNK);
-            }
+            wire.read_room();
             match tokio_util::io::poll_read_buf(Pin::new(&mut wire.io), cx, &mut wire.rbuf) {
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(match self.decoder.eof()? {
@@ -669,5 +673,73 @@ impl Reading {
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// Sends a bodyless GET on `wire` and answers it with `response` from `server`.
+    async fn get(wire: &mut Wire<TcpStream>, server: &mut TcpStream, response: &[u8]) -> Head {
+        let (method, uri) = (Method::GET, Uri::from_static("/a"));
+        let headers = HeaderMap::new();
+        let added = crate::headers::Added::default();
+        let req = RequestHead {
+            method: &method,
+            uri: &uri,
+            received: None,
+            headers: &headers,
+            added: &added,
+            raw_head: false,
+        };
+        let (mut body, mut written) = (None, false);
+        let answer = async {
+            let mut buf = [0u8; 1024];
+            let mut got = Vec::new();
+            while !got.ends_with(b"\r\n\r\n") {
+                let n = server.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request head did not come");
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got.starts_with(b"GET /a HTTP/1.1\r\n"));
+            server.write_all(response).await.unwrap();
+        };
+        let (sent, ()) = tokio::join!(exchange(wire, req, &mut body, &mut written), answer);
+        let sent = sent.unwrap();
+        assert!(written && sent.upload.is_done());
+        sent.head
+    }
+
+    #[tokio::test]
+    async fn an_idle_upstream_connection_holds_no_buffer_and_keeps_what_it_read_ahead() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut wire = Wire::new(client);
+
+        // The request went out: the write buffer is already back with the thread.
+        let head = get(&mut wire, &mut server, b"HTTP/1.1 204 No Content\r\n\r\n").await;
+        assert_eq!(head.status, StatusCode::NO_CONTENT);
+        assert_eq!(wire.wbuf.capacity(), 0);
+        assert!(wire.rbuf.is_empty() && wire.rbuf.capacity() > 0);
+        wire.release();
+        assert_eq!((wire.rbuf.capacity(), wire.wbuf.capacity()), (0, 0));
+
+        // Bytes read ahead (here a body, left unread) stay through `release`.
+        let head = get(
+            &mut wire,
+            &mut server,
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        )
+        .await;
+        assert_eq!(head.status, StatusCode::OK);
+        wire.release();
+        assert_eq!(&wire.rbuf[..], b"ok");
+        assert_eq!(wire.wbuf.capacity(), 0);
     }
 }

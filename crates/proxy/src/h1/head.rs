@@ -144,8 +144,23 @@ pub struct Field {
     kind: Kind,
 }
 
-/// Header fields of the head being parsed (scratch space kept by the connection).
+/// Header fields of the head being parsed (scratch space).
 pub type Fields = Vec<Field>;
+
+thread_local! {
+    /// The thread's scratch space for [`parse_scratch`] (`crate::spare::with_scratch`).
+    static FIELDS: std::cell::Cell<Fields> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// [`parse_with`], with the thread's scratch space.
+#[inline]
+pub fn parse_scratch(
+    buf: &mut BytesMut,
+    head_request: bool,
+    raw: bool,
+) -> Result<Parsed, BadResponse> {
+    crate::spare::with_scratch(&FIELDS, |fields| parse_with(buf, head_request, fields, raw))
+}
 
 /// Parses a response head at the start of `buf`; `head_request` says the request was HEAD
 /// (whose response never has a body, whatever its headers say). A complete head is taken off

@@ -34,9 +34,10 @@ use crate::body::down::{DownBody, OwnBody};
 use crate::headers::Present;
 use crate::listener::{count_timeout, expired, may_close, next_deadline, Expired, Signals};
 use crate::proxy::ConnCtx;
+use crate::spare::give_back;
 use request::Parsed;
 use response::Answering;
-use wire::{give_back, take_spare, BodySource, Shared, READ_CHUNK};
+use wire::{BodySource, Shared, READ_CHUNK};
 
 /// How long a closing connection waits for its TLS close or FIN to go out.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -68,7 +69,6 @@ where
     // The slices of one response waiting for the socket (reused: no allocation per
     // response).
     let mut pending = Vec::with_capacity(4);
-    let mut fields = request::Fields::new();
     // Told to close: the rules of `crate::listener::drive` (after the next response once a
     // request is under way; once quiet when idle).
     let mut close_pending = *signals.close_idle.borrow();
@@ -94,10 +94,7 @@ where
                     if w.rbuf.is_empty() {
                         (Parsed::Partial, false)
                     } else {
-                        (
-                            request::parse(&mut w.rbuf, &mut fields, cfg.max_header_bytes),
-                            true,
-                        )
+                        (request::parse(&mut w.rbuf, cfg.max_header_bytes), true)
                     }
                 };
                 match parsed {
@@ -194,7 +191,7 @@ where
                 keepalive: &ctx.keepalive,
             };
             if wbuf.capacity() == 0 {
-                wbuf = take_spare();
+                wbuf = crate::spare::buffer();
             }
             Some(
                 response::write(
@@ -261,7 +258,9 @@ where
                     let Ok(resp) = r;
                     return Some(resp);
                 }
-                r = poll_fn(|cx| wire.poll_read_more(cx, READ_CHUNK)), if watch_eof => match r {
+                // Nothing to read as a rule: the read buffer goes back meanwhile, for the
+                // upstream exchange to take.
+                r = poll_fn(|cx| wire.poll_read_or_release(cx, READ_CHUNK)), if watch_eof => match r {
                     Ok(0) | Err(_) => {
                         tracing::debug!("the client closed its connection while its request was handled");
                         return None;
@@ -276,7 +275,7 @@ where
 /// Reads more of the next request head. When nothing has come, the connection lets go of its
 /// write buffer, and of its read buffer unless part of a head waits in it: an idle
 /// keep-alive connection holds no buffer. They are kept aside for the thread's next read or
-/// response (`wire::give_back`, at most 64), so this costs no allocation per request (a
+/// response (`crate::spare::give_back`, at most 64), so this costs no allocation per request (a
 /// connection busy with pipelined requests never waits here, and keeps its buffers).
 fn poll_read_head<IO>(
     wire: &Shared<IO>,
@@ -286,13 +285,9 @@ fn poll_read_head<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let read = wire.poll_read_more(cx, READ_CHUNK);
+    let read = wire.poll_read_or_release(cx, READ_CHUNK);
     if read.is_pending() {
         give_back(wbuf);
-        let mut w = wire.lock();
-        if w.rbuf.is_empty() {
-            give_back(&mut w.rbuf);
-        }
     }
     read
 }
@@ -377,8 +372,8 @@ mod tests {
         poll_read_head(wire, wbuf, &mut Context::from_waker(Waker::noop()))
     }
 
-    fn served_target(wire: &Shared<TcpStream>, fields: &mut request::Fields) -> String {
-        match request::parse(&mut wire.lock().rbuf, fields, 8192) {
+    fn served_target(wire: &Shared<TcpStream>) -> String {
+        match request::parse(&mut wire.lock().rbuf, 8192) {
             Parsed::Request(h) => h.request.uri().to_string(),
             _ => panic!("no complete request head"),
         }
@@ -393,13 +388,12 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         let wire = Shared::new(server, BytesMut::new());
         let mut wbuf = BytesMut::new();
-        let mut fields = request::Fields::new();
 
         // A request, and the start of a pipelined one.
         let first: &[u8] = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HT";
         client.write_all(first).await.unwrap();
         read_until(&wire, &mut wbuf, first.len()).await;
-        assert_eq!(served_target(&wire, &mut fields), "/a");
+        assert_eq!(served_target(&wire), "/a");
         // As after writing a response.
         wbuf.reserve(16 * 1024);
         assert!(try_read(&wire, &mut wbuf).is_pending());
@@ -413,7 +407,7 @@ mod tests {
         let rest: &[u8] = b"TP/1.1\r\nHost: a\r\n\r\n";
         client.write_all(rest).await.unwrap();
         read_until(&wire, &mut wbuf, b"GET /b HT".len() + rest.len()).await;
-        assert_eq!(served_target(&wire, &mut fields), "/b");
+        assert_eq!(served_target(&wire), "/b");
         wbuf.reserve(16 * 1024);
         assert!(wire.lock().rbuf.is_empty() && wire.lock().rbuf.capacity() > 0);
         // Nothing more comes: the connection is idle and holds no buffer.
@@ -429,6 +423,6 @@ mod tests {
         let next: &[u8] = b"GET /c HTTP/1.1\r\nHost: a\r\n\r\n";
         client.write_all(next).await.unwrap();
         read_until(&wire, &mut wbuf, next.len()).await;
-        assert_eq!(served_target(&wire, &mut fields), "/c");
+        assert_eq!(served_target(&wire), "/c");
     }
 }

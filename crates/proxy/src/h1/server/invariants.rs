@@ -101,7 +101,7 @@ fn serve(data: &[u8], parts: &mut dyn Iterator<Item = &[u8]>) -> (Vec<Event>, En
             if buf.is_empty() {
                 break;
             }
-            match request::parse(&mut buf, &mut fields, MAX_HEAD) {
+            match request::parse_with(&mut buf, &mut fields, MAX_HEAD, true) {
                 Parsed::Partial => break,
                 Parsed::HandOver => {
                     let end = if framing_accepts(&data[at..]) {

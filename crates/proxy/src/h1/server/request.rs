@@ -67,12 +67,18 @@ pub(crate) struct Field {
     present: Present,
 }
 
-/// Header fields of the head being parsed (scratch space kept by the connection).
+/// Header fields of the head being parsed (scratch space).
 pub(crate) type Fields = Vec<Field>;
 
-/// Parses the head at the start of `buf`; `fields` is scratch space kept by the connection.
-pub(crate) fn parse(buf: &mut BytesMut, fields: &mut Fields, max_head: usize) -> Parsed {
-    parse_with(buf, fields, max_head, true)
+thread_local! {
+    /// The thread's scratch space for [`parse`] (`crate::spare::with_scratch`).
+    static FIELDS: std::cell::Cell<Fields> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Parses the head at the start of `buf`, with the thread's scratch space.
+#[inline]
+pub(crate) fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
+    crate::spare::with_scratch(&FIELDS, |fields| parse_with(buf, fields, max_head, true))
 }
 
 /// [`parse`]; `as_received`: keep the fields as received when the head qualifies (`false`
@@ -378,8 +384,7 @@ mod tests {
 
     fn parse_all(raw: &[u8]) -> (Parsed, BytesMut) {
         let mut buf = BytesMut::from(raw);
-        let mut fields = Fields::new();
-        let p = parse(&mut buf, &mut fields, 8192);
+        let p = parse(&mut buf, 8192);
         (p, buf)
     }
 

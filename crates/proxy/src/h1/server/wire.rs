@@ -22,31 +22,6 @@ pub(crate) const READ_CHUNK: usize = 4 * 1024;
 /// Body bytes read at a time.
 const BODY_CHUNK: usize = 16 * 1024;
 
-/// Buffers kept aside per thread (see [`give_back`]): at most 64, of up to 16 KiB.
-const SPARE_BOUND: crate::spare::Bound = crate::spare::Bound {
-    count: 64,
-    largest: 16 * 1024,
-};
-
-thread_local! {
-    static SPARE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Takes `buf` from an idle connection (which then holds none) and keeps it aside for the
-/// next read or response on this thread: a connection that waits between requests does not
-/// pay a free and an allocation per request for holding nothing while idle.
-pub(crate) fn give_back(buf: &mut BytesMut) {
-    let mut b = std::mem::take(buf);
-    b.clear();
-    let capacity = b.capacity();
-    crate::spare::keep(&SPARE, b, capacity, &SPARE_BOUND);
-}
-
-/// A buffer kept aside by [`give_back`], or a new empty one.
-pub(crate) fn take_spare() -> BytesMut {
-    crate::spare::take(&SPARE).unwrap_or_default()
-}
-
 /// The stream, what was read from it and not consumed yet, and the request body in
 /// progress.
 pub(crate) struct Wire<IO> {
@@ -89,15 +64,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
 
     /// Reads more into the buffer; `Ok(0)` at the end of the stream.
     pub fn poll_read_more(&self, cx: &mut Context<'_>, chunk: usize) -> Poll<io::Result<usize>> {
+        read_more(&mut self.lock(), cx, chunk)
+    }
+
+    /// [`Shared::poll_read_more`] for a connection that waits (for its next request, or for
+    /// its end while its request is handled): when nothing came and nothing waits in the
+    /// read buffer, the connection lets go of it (`crate::spare::give_back`), and the next
+    /// read on this thread takes it while its bytes are still in cache.
+    pub fn poll_read_or_release(
+        &self,
+        cx: &mut Context<'_>,
+        chunk: usize,
+    ) -> Poll<io::Result<usize>> {
         let mut w = self.lock();
-        let Wire { io, rbuf, .. } = &mut *w;
-        if rbuf.capacity() == 0 {
-            *rbuf = take_spare();
+        let read = read_more(&mut w, cx, chunk);
+        if read.is_pending() && w.rbuf.is_empty() {
+            crate::spare::give_back(&mut w.rbuf);
         }
-        if rbuf.capacity() - rbuf.len() < 512 {
-            rbuf.reserve(chunk);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(io), cx, rbuf)
+        read
     }
 
     /// Writes some of `bufs`.
@@ -226,4 +210,20 @@ where
             None => SizeHint::new(),
         }
     }
+}
+
+/// [`Shared::poll_read_more`] under the lock.
+fn read_more<IO: AsyncRead + Unpin>(
+    w: &mut Wire<IO>,
+    cx: &mut Context<'_>,
+    chunk: usize,
+) -> Poll<io::Result<usize>> {
+    let Wire { io, rbuf, .. } = w;
+    if rbuf.capacity() == 0 {
+        *rbuf = crate::spare::buffer();
+    }
+    if rbuf.capacity() - rbuf.len() < 512 {
+        rbuf.reserve(chunk);
+    }
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, rbuf)
 }
