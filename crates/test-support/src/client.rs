@@ -49,22 +49,58 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let stream = TcpStream::connect(addr).await.expect("connect");
+    try_send(addr, req)
+        .await
+        .unwrap_or_else(|e| panic!("request to {addr}: {e}"))
+}
+
+/// [`get`], with a failure (nothing listening yet, the connection closed) as an error.
+pub async fn try_get(addr: SocketAddr, host: &str, path: &str) -> Result<Reply, String> {
+    let req = Request::get(path)
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    try_send(addr, req).await
+}
+
+/// Whether `path` on `addr` answers 200 now: for waiting until a server is up. Any failure
+/// says no, including a connection that seemed to open with nothing listening (a loopback
+/// connect can meet itself when the port it is given is the one it dials).
+pub async fn answers_ok(addr: SocketAddr, host: &str, path: &str) -> bool {
+    try_get(addr, host, path)
+        .await
+        .is_ok_and(|r| r.status == StatusCode::OK)
+}
+
+/// [`send`], with what failed as an error.
+pub async fn try_send<B>(addr: SocketAddr, req: Request<B>) -> Result<Reply, String>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .expect("handshake");
+        .map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(conn);
     let resp = tokio::time::timeout(Duration::from_secs(30), sender.send_request(req))
         .await
-        .expect("response in time")
-        .expect("response");
+        .map_err(|_| "no response in 30 s".to_string())?
+        .map_err(|e| format!("response: {e}"))?;
     let (parts, body) = resp.into_parts();
-    let body = body.collect().await.expect("body").to_bytes();
-    Reply {
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok(Reply {
         status: parts.status,
         headers: parts.headers,
         body,
-    }
+    })
 }
 
 /// Writes raw bytes, then reads until the server closes or `wait` passes; returns what came back.

@@ -7,7 +7,7 @@ mod client;
 pub mod load;
 
 pub use backend::{KeepAlive, Seen, TestBackend};
-pub use client::{get, get_counting, raw_exchange, send, Reply};
+pub use client::{answers_ok, get, get_counting, raw_exchange, send, try_get, try_send, Reply};
 pub use upkeep_fakedns as fakedns;
 
 /// Installs a test-friendly tracing subscriber once (RUST_LOG decides the level).

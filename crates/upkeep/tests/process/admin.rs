@@ -69,9 +69,7 @@ async fn start(name: &str, backend: SocketAddr, admin_extra: &str, nofile: Optio
     };
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
-        if TcpStream::connect(probes).await.is_ok()
-            && get(probes, "kubelet", "/readyz").await.status == 200
-        {
+        if upkeep_test_support::answers_ok(probes, "kubelet", "/readyz").await {
             return up;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -170,9 +170,7 @@ async fn upkeep_with(dir: &Path, kube: &str, env: &[(&str, String)], discovery: 
     );
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
+        if upkeep_test_support::answers_ok(admin, "admin", "/readyz").await {
             return Upkeep {
                 proc: child,
                 listen,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use upkeep_test_support::{get, refusing, TestBackend};
+use upkeep_test_support::{answers_ok, refusing, TestBackend};
 
 use crate::support::{self, loopbacks, write, Proc, BIN};
 
@@ -36,9 +36,7 @@ async fn serve(dir: &Path, config: &str, admin: SocketAddr) -> Proc {
     );
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
+        if answers_ok(admin, "admin", "/readyz").await {
             return child;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use upkeep_test_support::{free_port, free_ports, get};
+use upkeep_test_support::{answers_ok, free_port, free_ports};
 
 /// The `upkeep` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_upkeep");
@@ -51,9 +51,7 @@ pub fn loopbacks<const N: usize>() -> [SocketAddr; N] {
 pub async fn wait_ready(admin: SocketAddr) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == 200
-        {
+        if answers_ok(admin, "admin", "/readyz").await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
