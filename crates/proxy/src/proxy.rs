@@ -138,9 +138,6 @@ pub(crate) fn handle_with(
         let hint_keepalive = version == Version::HTTP_11
             || (version == Version::HTTP_10 && message::asks_keep_alive(req.headers()));
         let method = req.method().clone();
-        // For the warnings below (a shared copy: no allocation); the access log takes its own.
-        let uri = req.uri().clone();
-        let path = logged_path(&uri);
         // A new id goes out beside the map (`Added`), not into it: an insert is a hash of the
         // custom name and a probe.
         let new_id = if present.has(Present::X_REQUEST_ID) {
@@ -161,7 +158,7 @@ pub(crate) fn handle_with(
                     &req,
                     req.fields.as_ref(),
                     &method,
-                    path,
+                    logged_path(req.uri()),
                     new_id.as_ref().map(request_id::Id::as_bytes),
                 ),
             )
@@ -179,9 +176,10 @@ pub(crate) fn handle_with(
             new_id,
             start,
         };
-        let result = caught_forward(req, found, &ctx, &state, &mut info)
-        .await
-        .unwrap_or_else(|Panicked(why)| {
+        let result = caught_forward(req, found, &ctx, &state, &mut info).await;
+        // The target as received, for the warnings below (`prepare` moved it to `info`).
+        let path = info.target.as_ref().map_or("", logged_path);
+        let result = result.unwrap_or_else(|Panicked(why)| {
             tracing::error!(cause = "internal", panic = %why, method = %method, path = %path, "request handler panicked; answered 500");
             Err(ProxyError::new(Kind::Internal))
         });
@@ -488,6 +486,9 @@ struct AttemptInfo {
     /// The request body's bytes as they go upstream (made only for a request with a body:
     /// most have none, and a counter is an allocation).
     bytes_in: Option<Arc<AtomicU64>>,
+    /// The request's target as received, for the handler's warnings: moved here by
+    /// `prepare` (which forwards a target of its own), not copied for every request.
+    target: Option<Uri>,
 }
 
 impl AttemptInfo {
@@ -651,6 +652,8 @@ fn prepare<'s, 'r>(
         mut req,
         fields: mut received,
     } = down;
+    // The target moves to `info` (the handler logs it), and is read from there.
+    let target = &*info.target.insert(std::mem::take(req.uri_mut()));
     if req.method() == Method::CONNECT && req.extensions().get::<hyper::ext::Protocol>().is_none() {
         return Err(ProxyError::new(Kind::BadRequest).with_source("CONNECT is not supported"));
     }
@@ -661,13 +664,11 @@ fn prepare<'s, 'r>(
         None if present.has(Present::HOST) => req.headers().get(header::HOST).cloned(),
         None => None,
     };
-    // A shared handle on the target's authority (no copy), so that what is borrowed from it
-    // outlives the changes to the request below.
-    let uri_authority = req.uri().authority().cloned();
-    let authority =
-        checked_authority(uri_authority.as_ref(), host_field.as_ref()).map_err(invalid)?;
+    // The target is out of the request: what is borrowed from it outlives the changes to the
+    // request below.
+    let authority = checked_authority(target.authority(), host_field.as_ref()).map_err(invalid)?;
     let (host_value, host) = authority.unzip();
-    let (route, path) = route_request(state, host, req.uri().path()).map_err(invalid)?;
+    let (route, path) = route_request(state, host, target.path()).map_err(invalid)?;
     let (route, route_name) = route.ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
     info.route = Some(route_name.clone());
     // Route rules may change the forwarded path (`strip_prefix`, `rewrite`).
@@ -676,7 +677,7 @@ fn prepare<'s, 'r>(
         None => path,
     };
     // What is forwarded is what was routed: the normalised path, the query as sent.
-    let uri = match (&path, req.uri().path_and_query()) {
+    let uri = match (&path, target.path_and_query()) {
         (Cow::Borrowed(_), Some(pq)) => Uri::from(pq.clone()),
         (Cow::Borrowed(_), None) => Uri::from_static("/"),
         (Cow::Owned(p), pq) => {

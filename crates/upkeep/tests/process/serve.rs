@@ -240,3 +240,43 @@ async fn quick_start_proxies_and_a_taken_admin_port_is_a_clear_error() {
     );
     drop(child);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_it_makes_is_warned_on_stderr_with_its_cause_and_the_target_as_received() {
+    let peer = upkeep_test_support::refusing();
+    let (listen, admin) = addrs();
+    let dir = temp_dir("warned");
+    let file = dir.join("up.toml");
+    write(&file, &config(listen, admin, peer.addr, ""));
+    let stderr = dir.join("stderr.log");
+    let child = Proc(
+        Command::new(BIN)
+            .arg("serve")
+            .arg("--config")
+            .arg(&file)
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(admin).await;
+    let resp = get(listen, "x", "/a/b?c=1").await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+    // The warning is written as the response goes: wait for it, 10 s at most.
+    let start = Instant::now();
+    let line = loop {
+        let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains("request failed")) {
+            break l.to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no warning on stderr: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("path=/a/b?c=1"), "{line}");
+    assert!(line.contains("cause=\"connect_failed\""), "{line}");
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
