@@ -35,11 +35,9 @@ impl Reply {
 
 /// GET `path` with `host` on a new connection.
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Reply {
-    let req = Request::get(path)
-        .header("host", host)
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    send(addr, req).await
+    try_get(addr, host, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
 }
 
 /// Sends one request on a new HTTP/1.1 connection and reads the whole response.
