@@ -45,12 +45,90 @@ pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
 /// (a hash of the name and a probe each, and a map decoded from HTTP/2 grows for them).
 /// upkeep's own HTTP/1 codec writes them after the map's fields; every other path puts them
 /// in the map first, at its end, so both send the same fields in the same order.
+///
+/// Compact, because it is part of every request in flight (`proxy::Ready`) and written into
+/// memory that has gone cold since the previous request: the names are known, so only which
+/// fields are there is kept; `x-forwarded-for` from an untrusted client is the connection's
+/// address alone, copied in; `x-forwarded-proto` is one of two words. 120 bytes where a list
+/// of three names and values was 256, and only one value, the host or `Forwarded`, to drop.
 #[derive(Clone, Debug, Default)]
 pub struct Added {
     /// A new `x-request-id`, sent first.
     id: Option<crate::request_id::Id>,
-    /// At most three forwarding fields (`x-forwarded-*`).
-    fields: [Option<(HeaderName, HeaderValue)>; 3],
+    /// `x-forwarded-for`: the client's address alone.
+    client: Option<AddrText>,
+    /// `x-forwarded-proto`.
+    proto: Option<Proto>,
+    /// Which field `last` is.
+    last_name: Last,
+    /// `x-forwarded-host` or `forwarded` (`last_name`), sent last.
+    last: Option<HeaderValue>,
+}
+
+/// A client's address as text, inline (an IP address is at most 39 characters as
+/// `std::net::IpAddr` writes it).
+#[derive(Clone, Copy, Debug)]
+struct AddrText {
+    len: u8,
+    text: [u8; 39],
+}
+
+impl AddrText {
+    /// `value`'s bytes, if they fit.
+    fn of(value: &HeaderValue) -> Option<Self> {
+        let b = value.as_bytes();
+        let mut text = [0; 39];
+        text.get_mut(..b.len())?.copy_from_slice(b);
+        Some(Self {
+            len: b.len() as u8,
+            text,
+        })
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.text[..usize::from(self.len)]
+    }
+}
+
+/// A value of `x-forwarded-proto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proto {
+    Http,
+    Https,
+}
+
+static PROTO_HTTP: HeaderValue = HeaderValue::from_static("http");
+static PROTO_HTTPS: HeaderValue = HeaderValue::from_static("https");
+
+impl Proto {
+    fn value(self) -> &'static HeaderValue {
+        match self {
+            Self::Http => &PROTO_HTTP,
+            Self::Https => &PROTO_HTTPS,
+        }
+    }
+}
+
+/// The name of [`Added`]'s last field.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Last {
+    #[default]
+    XForwardedHost,
+    Forwarded,
+}
+
+static X_FORWARDED_FOR_NAME: HeaderName = X_FORWARDED_FOR;
+static X_FORWARDED_PROTO_NAME: HeaderName = X_FORWARDED_PROTO;
+static X_FORWARDED_HOST_NAME: HeaderName = X_FORWARDED_HOST;
+static FORWARDED_NAME: HeaderName = header::FORWARDED;
+
+impl Last {
+    fn name(self) -> &'static HeaderName {
+        match self {
+            Self::XForwardedHost => &X_FORWARDED_HOST_NAME,
+            Self::Forwarded => &FORWARDED_NAME,
+        }
+    }
 }
 
 impl Added {
@@ -59,42 +137,53 @@ impl Added {
         self.id = Some(id);
     }
 
-    /// Adds a field after those already added.
-    pub(crate) fn push(&mut self, name: HeaderName, value: HeaderValue) {
-        let slot = self.fields.iter_mut().find(|f| f.is_none());
-        debug_assert!(slot.is_some(), "more added fields than room for them");
-        if let Some(slot) = slot {
-            *slot = Some((name, value));
-        }
-    }
-
-    /// The fields, in the order they were added: names and values' bytes.
+    /// The fields, in the order they go out: names and values' bytes.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
         let id = self
             .id
             .as_ref()
             .map(|id| (&crate::request_id::X_REQUEST_ID_NAME, id.as_bytes()));
-        id.into_iter()
-            .chain(self.fields.iter().flatten().map(|(n, v)| (n, v.as_bytes())))
+        let client = self
+            .client
+            .as_ref()
+            .map(|a| (&X_FORWARDED_FOR_NAME, a.as_bytes()));
+        let proto = self
+            .proto
+            .map(|p| (&X_FORWARDED_PROTO_NAME, p.value().as_bytes()));
+        let last = self
+            .last
+            .as_ref()
+            .map(|v| (self.last_name.name(), v.as_bytes()));
+        id.into_iter().chain(client).chain(proto).chain(last)
+    }
+
+    /// The fields as names and values, in the order they go out.
+    fn values(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
+        let id = self
+            .id
+            .map(|id| (crate::request_id::X_REQUEST_ID, id.value()));
+        let client = self.client.and_then(|a| {
+            let v = HeaderValue::from_bytes(a.as_bytes()).ok()?;
+            Some((X_FORWARDED_FOR, v))
+        });
+        let proto = self.proto.map(|p| (X_FORWARDED_PROTO, p.value().clone()));
+        let last = self
+            .last
+            .clone()
+            .map(|v| (self.last_name.name().clone(), v));
+        id.into_iter().chain(client).chain(proto).chain(last)
     }
 
     /// Moves the fields into `headers`.
     pub fn move_into(&mut self, headers: &mut HeaderMap) {
-        if let Some(id) = self.id.take() {
-            headers.insert(crate::request_id::X_REQUEST_ID, id.value());
-        }
-        for (n, v) in self.fields.iter_mut().filter_map(Option::take) {
-            headers.insert(n, v);
-        }
+        self.copy_into(headers);
+        *self = Self::default();
     }
 
     /// Copies the fields into `headers`.
     pub fn copy_into(&self, headers: &mut HeaderMap) {
-        if let Some(id) = &self.id {
-            headers.insert(crate::request_id::X_REQUEST_ID, id.value());
-        }
-        for (n, v) in self.fields.iter().flatten() {
-            headers.insert(n.clone(), v.clone());
+        for (n, v) in self.values() {
+            headers.insert(n, v);
         }
     }
 }
@@ -305,15 +394,6 @@ pub fn add_forwarded(
     host_field: Option<&HeaderValue>,
     added: &mut Added,
 ) {
-    // Into `added` when the map is known not to hold `name` (every forwarding field of an
-    // untrusted client is gone by then), else into the map.
-    let mut put = |headers: &mut HeaderMap, name: HeaderName, value: HeaderValue, absent: bool| {
-        if absent {
-            added.push(name, value);
-        } else {
-            headers.insert(name, value);
-        }
-    };
     if !trusted {
         // Most requests carry none of these (`Present::FORWARDING`): the removals are paid
         // only when one is there.
@@ -324,6 +404,8 @@ pub fn add_forwarded(
             headers.remove(header::FORWARDED);
         }
     }
+    // A field goes to `added` when the map is known not to hold it (every forwarding field
+    // of an untrusted client is gone by then), else into the map.
     match mode {
         Forwarded::None => {}
         Forwarded::XForwarded => {
@@ -334,32 +416,35 @@ pub fn add_forwarded(
                 None
             };
             let had_xff = prev_field.is_some();
-            let prev = prev_field.and_then(|v| v.to_str().ok());
-            let xff = match prev {
+            match prev_field.and_then(|v| v.to_str().ok()) {
                 Some(prev) if !prev.is_empty() => {
                     let ip = client_ip.to_str().unwrap_or_default();
-                    HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+                    if let Ok(v) = HeaderValue::from_str(&format!("{prev}, {ip}")) {
+                        headers.insert(X_FORWARDED_FOR, v);
+                    }
                 }
-                _ => Some(client_ip.clone()),
-            };
-            if let Some(v) = xff {
-                put(headers, X_FORWARDED_FOR, v, !had_xff);
+                _ => match AddrText::of(client_ip).filter(|_| !had_xff) {
+                    Some(a) => added.client = Some(a),
+                    None => {
+                        headers.insert(X_FORWARDED_FOR, client_ip.clone());
+                    }
+                },
             }
             // A trusted proxy's `-Proto` and `-Host` describe the original request: kept.
             if trusted && headers.contains_key(&X_FORWARDED_PROTO) {
                 if !headers.contains_key(&X_FORWARDED_HOST) {
                     if let Some(h) = host.and_then(|h| HeaderValue::from_str(h).ok()) {
-                        put(headers, X_FORWARDED_HOST, h, true);
+                        added.last_name = Last::XForwardedHost;
+                        added.last = Some(h);
                     }
                 }
                 return;
             }
-            put(
-                headers,
-                X_FORWARDED_PROTO,
-                HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
-                true,
-            );
+            added.proto = Some(if proto == "https" {
+                Proto::Https
+            } else {
+                Proto::Http
+            });
             // The request's own Host value when that is the host (a shared copy, no parsing).
             let same_host = host_field
                 .filter(|v| host.is_some_and(|h| v.as_bytes() == h.as_bytes()))
@@ -367,8 +452,12 @@ pub fn add_forwarded(
             if let Some(h) = same_host.or_else(|| host.and_then(|h| HeaderValue::from_str(h).ok()))
             {
                 // A trusted proxy may have sent `-Host` without `-Proto`: replaced.
-                let absent = !trusted || !headers.contains_key(&X_FORWARDED_HOST);
-                put(headers, X_FORWARDED_HOST, h, absent);
+                if !trusted || !headers.contains_key(&X_FORWARDED_HOST) {
+                    added.last_name = Last::XForwardedHost;
+                    added.last = Some(h);
+                } else {
+                    headers.insert(X_FORWARDED_HOST, h);
+                }
             }
         }
         Forwarded::Forwarded => {
@@ -391,7 +480,12 @@ pub fn add_forwarded(
                 _ => elem,
             };
             if let Ok(v) = HeaderValue::from_str(&value) {
-                put(headers, header::FORWARDED, v, !had);
+                if had {
+                    headers.insert(header::FORWARDED, v);
+                } else {
+                    added.last_name = Last::Forwarded;
+                    added.last = Some(v);
+                }
             }
         }
     }
@@ -499,10 +593,13 @@ mod tests {
     #[test]
     fn a_made_id_goes_first_and_the_map_gets_the_same_fields() {
         let id = crate::request_id::Id::new();
-        let mut added = Added::default();
-        added.push(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        let mut added = Added {
+            client: AddrText::of(&HeaderValue::from_static("10.0.0.1")),
+            proto: Some(Proto::Https),
+            last: Some(HeaderValue::from_static("a.test")),
+            ..Added::default()
+        };
         added.set_id(id);
-        added.push(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         let written: Vec<(String, Vec<u8>)> = added
             .iter()
             .map(|(n, v)| (n.as_str().to_owned(), v.to_vec()))
@@ -512,7 +609,8 @@ mod tests {
             [
                 ("x-request-id".to_owned(), id.as_bytes().to_vec()),
                 ("x-forwarded-for".to_owned(), b"10.0.0.1".to_vec()),
-                ("x-forwarded-proto".to_owned(), b"http".to_vec()),
+                ("x-forwarded-proto".to_owned(), b"https".to_vec()),
+                ("x-forwarded-host".to_owned(), b"a.test".to_vec()),
             ]
         );
         assert_eq!(id.as_bytes().len(), 32);
@@ -533,6 +631,57 @@ mod tests {
             "the map's path sends them in the same order"
         );
         assert_eq!(added.iter().count(), 0, "moved out");
+    }
+
+    #[test]
+    fn the_longest_address_is_added_inline_and_a_longer_value_goes_to_the_map() {
+        // The longest text `Ipv6Addr` writes: eight groups of four digits.
+        let client: SocketAddr = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe]:9"
+            .parse()
+            .unwrap();
+        let ip = client_ip_value(client);
+        assert_eq!(ip.len(), 39);
+        let mut h = HeaderMap::new();
+        let mut added = Added::default();
+        add_forwarded(
+            &mut h,
+            Forwarded::XForwarded,
+            false,
+            false,
+            client,
+            &ip,
+            "https",
+            None,
+            None,
+            &mut added,
+        );
+        assert!(h.is_empty(), "{h:?}");
+        let written: Vec<_> = added.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        assert_eq!(
+            written,
+            [
+                ("x-forwarded-for", ip.as_bytes()),
+                ("x-forwarded-proto", &b"https"[..]),
+            ]
+        );
+        // A value no address makes (`client_ip_value` writes an address or `unknown`) still
+        // goes out, through the map.
+        let long = HeaderValue::from_str(&"1".repeat(40)).unwrap();
+        let mut added = Added::default();
+        add_forwarded(
+            &mut h,
+            Forwarded::XForwarded,
+            false,
+            false,
+            client,
+            &long,
+            "http",
+            None,
+            None,
+            &mut added,
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], long);
+        assert_eq!(added.iter().count(), 1, "proto only");
     }
 
     #[test]

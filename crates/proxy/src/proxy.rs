@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
+use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -501,7 +502,8 @@ impl AttemptInfo {
 /// The request to send upstream, rebuildable for retries while its body is not consumed.
 struct Outgoing {
     method: Method,
-    uri: Uri,
+    /// The target as it goes out (origin form).
+    target: PathAndQuery,
     headers: HeaderMap,
     /// The fields as received, sent before `headers` (which then holds only what upkeep
     /// inserted): no map was made of them (`crate::h1::fields`).
@@ -553,7 +555,7 @@ impl Outgoing {
         };
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
-        *req.uri_mut() = self.uri.clone();
+        *req.uri_mut() = Uri::from(self.target.clone());
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.headers.clone();
         self.added.copy_into(req.headers_mut());
@@ -677,15 +679,15 @@ fn prepare<'s, 'r>(
         None => path,
     };
     // What is forwarded is what was routed: the normalised path, the query as sent.
-    let uri = match (&path, target.path_and_query()) {
-        (Cow::Borrowed(_), Some(pq)) => Uri::from(pq.clone()),
-        (Cow::Borrowed(_), None) => Uri::from_static("/"),
+    let forwarded = match (&path, target.path_and_query()) {
+        (Cow::Borrowed(_), Some(pq)) => pq.clone(),
+        (Cow::Borrowed(_), None) => PathAndQuery::from_static("/"),
         (Cow::Owned(p), pq) => {
             let target = match pq.and_then(|pq| pq.query()) {
                 Some(q) => format!("{p}?{q}"),
                 None => p.clone(),
             };
-            Uri::try_from(target).map_err(|_| invalid(Invalid::Path))?
+            PathAndQuery::try_from(target).map_err(|_| invalid(Invalid::Path))?
         }
     };
     let route_rules = &route.rules;
@@ -700,7 +702,7 @@ fn prepare<'s, 'r>(
     }
     // The values templates expand to; made only for a route whose rules use them, so a
     // plain route allocates nothing here.
-    let values = if route_rules.uses_request_values() {
+    let values = route_rules.uses_request_values().then(|| {
         let id = req
             .headers()
             .get(&request_id::X_REQUEST_ID)
@@ -710,15 +712,13 @@ fn prepare<'s, 'r>(
             .unwrap_or_default()
             .to_owned();
         let h = host.map_or_else(|| ctx.local.ip().to_string(), str::to_ascii_lowercase);
-        Values {
+        Box::new(Values {
             request_id: id,
             host: h,
-        }
-    } else {
-        Values::default()
-    };
+        })
+    });
     if route_rules.answers_itself() {
-        if let Some(resp) = rules::answer(route_rules, &values.vars(ctx, &uri)) {
+        if let Some(resp) = rules::answer(route_rules, &Values::of(&values).vars(ctx, &forwarded)) {
             info.answered = true;
             return Ok(Step::Answered(resp));
         }
@@ -745,6 +745,7 @@ fn prepare<'s, 'r>(
             &mut parts.extensions,
             body.is_end_stream(),
         )
+        .map(Box::new)
     } else {
         None
     };
@@ -804,7 +805,7 @@ fn prepare<'s, 'r>(
         rules::apply_headers(
             &route_rules.request_headers,
             &mut headers,
-            &values.vars(ctx, &uri),
+            &Values::of(&values).vars(ctx, &forwarded),
         );
     }
     let expects_continue =
@@ -813,7 +814,7 @@ fn prepare<'s, 'r>(
         slot.insert(Ready {
             out: Outgoing {
                 method: parts.method,
-                uri,
+                target: forwarded,
                 headers,
                 added,
                 received,
@@ -851,12 +852,15 @@ struct Ready<'s> {
     out: Outgoing,
     group: Arc<Group>,
     rules: &'s crate::config::RouteRules,
-    /// An upgrade (WebSocket, extended CONNECT) to carry instead.
-    upgrade: Option<crate::upgrade::Wanted>,
+    /// An upgrade (WebSocket, extended CONNECT) to carry instead; boxed, like `values`, to
+    /// keep what most requests carry small (it is written into memory gone cold, "Memory
+    /// touched per request" in docs/benchmarks.md).
+    upgrade: Option<Box<crate::upgrade::Wanted>>,
     /// The body waits for the upstream's `100 Continue`.
     expects_continue: bool,
     grpc: bool,
-    values: Values,
+    /// Made only for a route whose rules use them.
+    values: Option<Box<Values>>,
 }
 
 /// The request's values a route's templates expand to, besides the connection's and the
@@ -867,15 +871,26 @@ struct Values {
     host: String,
 }
 
+/// The values of a route whose rules use none.
+static NO_VALUES: Values = Values {
+    request_id: String::new(),
+    host: String::new(),
+};
+
 impl Values {
-    /// The template values, with `uri` the forwarded target.
-    fn vars<'a>(&'a self, ctx: &'a ConnCtx, uri: &'a Uri) -> rules::Vars<'a> {
+    /// `values`, or empty ones.
+    fn of(values: &Option<Box<Values>>) -> &Values {
+        values.as_deref().unwrap_or(&NO_VALUES)
+    }
+
+    /// The template values, with `target` the forwarded one.
+    fn vars<'a>(&'a self, ctx: &'a ConnCtx, target: &'a PathAndQuery) -> rules::Vars<'a> {
         rules::Vars {
             client_ip: ctx.client_ip.to_str().unwrap_or_default(),
             host: &self.host,
             scheme: if ctx.tls { "https" } else { "http" },
             request_id: &self.request_id,
-            path: uri.path_and_query().map_or("/", |pq| pq.as_str()),
+            path: target.as_str(),
         }
     }
 }
@@ -902,13 +917,16 @@ fn forward<'a>(
             let f = crate::upgrade::Forward {
                 group: &ready.group,
                 method: out.method.clone(),
-                uri: std::mem::take(&mut out.uri),
+                uri: Uri::from(std::mem::replace(
+                    &mut out.target,
+                    PathAndQuery::from_static("/"),
+                )),
                 headers: std::mem::take(&mut out.headers),
                 metrics: ctx.shared.metrics.clone(),
                 bytes_in: info.body_counter(),
                 shutdown_timeout: state.config.lifecycle.shutdown_timeout,
             };
-            return boxed(crate::upgrade::forward(want, f, &mut |p| {
+            return boxed(crate::upgrade::forward(unbox(want), f, &mut |p| {
                 info.attempts += 1;
                 info.peer = Some(p.clone());
             }))
@@ -988,7 +1006,7 @@ fn forward<'a>(
             rules::apply_headers(
                 &route_rules.response_headers,
                 resp.headers_mut(),
-                &ready.values.vars(ctx, &ready.out.uri),
+                &Values::of(&ready.values).vars(ctx, &ready.out.target),
             );
         }
         Ok(resp)
@@ -1559,7 +1577,7 @@ fn send_own<'a>(
         let (res, timer) = {
             let req = crate::h1::client::RequestHead {
                 method: &out.method,
-                uri: &out.uri,
+                target: &out.target,
                 received: out.received.as_ref(),
                 headers: &out.headers,
                 added: &out.added,

@@ -13,7 +13,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{header, HeaderMap, Method, StatusCode, Uri};
+use http::uri::PathAndQuery;
+use http::{header, HeaderMap, Method, StatusCode};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -200,7 +201,7 @@ pub struct RequestHead<'a> {
     /// The method.
     pub method: &'a Method,
     /// The request target.
-    pub uri: &'a Uri,
+    pub target: &'a PathAndQuery,
     /// The fields as received, sent first (`super::fields`); `headers` then holds only
     /// what upkeep inserted.
     pub(crate) received: Option<&'a super::fields::RawFields>,
@@ -227,7 +228,7 @@ pub fn exchange<'a, T: AsyncRead + AsyncWrite + Unpin>(
     async move {
         let RequestHead {
             method,
-            uri,
+            target,
             received,
             headers,
             added,
@@ -253,7 +254,7 @@ pub fn exchange<'a, T: AsyncRead + AsyncWrite + Unpin>(
         write_head(
             wire,
             method,
-            uri,
+            target,
             received,
             headers,
             added,
@@ -353,13 +354,13 @@ pub fn exchange<'a, T: AsyncRead + AsyncWrite + Unpin>(
 fn write_head<T>(
     wire: &mut Wire<T>,
     method: &Method,
-    uri: &Uri,
+    target: &PathAndQuery,
     received: Option<&super::fields::RawFields>,
     headers: &HeaderMap,
     added: &crate::headers::Added,
     chunked: bool,
 ) {
-    let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let target = target.as_str();
     let lines = received.map_or(&[][..], super::fields::RawFields::lines);
     if wire.wbuf.capacity() == 0 {
         wire.wbuf = crate::spare::buffer();
@@ -684,12 +685,12 @@ mod tests {
 
     /// Sends a bodyless GET on `wire` and answers it with `response` from `server`.
     async fn get(wire: &mut Wire<TcpStream>, server: &mut TcpStream, response: &[u8]) -> Head {
-        let (method, uri) = (Method::GET, Uri::from_static("/a"));
+        let (method, target) = (Method::GET, PathAndQuery::from_static("/a"));
         let headers = HeaderMap::new();
         let added = crate::headers::Added::default();
         let req = RequestHead {
             method: &method,
-            uri: &uri,
+            target: &target,
             received: None,
             headers: &headers,
             added: &added,
