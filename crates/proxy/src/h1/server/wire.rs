@@ -223,7 +223,13 @@ fn read_more<IO: AsyncRead + Unpin>(
         *rbuf = crate::spare::buffer();
     }
     if rbuf.capacity() - rbuf.len() < 512 {
-        rbuf.reserve(chunk);
+        if rbuf.is_empty() {
+            // A new buffer rather than the old one reallocated, which copies all of it (as
+            // in `h1::client::Wire::read_room`).
+            *rbuf = BytesMut::with_capacity(chunk);
+        } else {
+            rbuf.reserve(chunk);
+        }
     }
     tokio_util::io::poll_read_buf(Pin::new(io), cx, rbuf)
 }
