@@ -641,20 +641,24 @@ mod tests {
             .unwrap();
         let ip = client_ip_value(client);
         assert_eq!(ip.len(), 39);
-        let mut h = HeaderMap::new();
-        let mut added = Added::default();
-        add_forwarded(
-            &mut h,
-            Forwarded::XForwarded,
-            false,
-            false,
-            client,
-            &ip,
-            "https",
-            None,
-            None,
-            &mut added,
-        );
+        // An untrusted client's request without a host: what the map and `Added` get.
+        let untrusted = |client_ip: &HeaderValue, proto: &str| {
+            let (mut h, mut added) = (HeaderMap::new(), Added::default());
+            add_forwarded(
+                &mut h,
+                Forwarded::XForwarded,
+                false,
+                false,
+                client,
+                client_ip,
+                proto,
+                None,
+                None,
+                &mut added,
+            );
+            (h, added)
+        };
+        let (h, added) = untrusted(&ip, "https");
         assert!(h.is_empty(), "{h:?}");
         let written: Vec<_> = added.iter().map(|(n, v)| (n.as_str(), v)).collect();
         assert_eq!(
@@ -667,19 +671,7 @@ mod tests {
         // A value no address makes (`client_ip_value` writes an address or `unknown`) still
         // goes out, through the map.
         let long = HeaderValue::from_str(&"1".repeat(40)).unwrap();
-        let mut added = Added::default();
-        add_forwarded(
-            &mut h,
-            Forwarded::XForwarded,
-            false,
-            false,
-            client,
-            &long,
-            "http",
-            None,
-            None,
-            &mut added,
-        );
+        let (h, added) = untrusted(&long, "http");
         assert_eq!(h[&X_FORWARDED_FOR], long);
         assert_eq!(added.iter().count(), 1, "proto only");
     }
