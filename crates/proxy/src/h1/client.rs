@@ -111,22 +111,7 @@ impl<T> Wire<T> {
 
     /// Room for the next read: a buffer of the thread's when the connection holds none.
     fn read_room(&mut self) {
-        if self.rbuf.capacity() == 0 {
-            self.rbuf = crate::spare::buffer();
-        }
-        if self.rbuf.capacity() - self.rbuf.len() >= READ_CHUNK / 2 {
-            return;
-        }
-        if self.rbuf.is_empty() {
-            // Too small and holding nothing (the thread's buffers include what is left of
-            // write buffers once a head was split off): a new one. Grown, it would be
-            // reallocated, which copies all of its old allocation, and at a few hundred
-            // connections that copy wrote about 3.6 lines gone cold a request
-            // (docs/benchmarks.md, "Memory touched per request").
-            self.rbuf = BytesMut::with_capacity(READ_CHUNK);
-        } else {
-            self.rbuf.reserve(READ_CHUNK);
-        }
+        crate::spare::read_room(&mut self.rbuf, READ_CHUNK / 2, READ_CHUNK);
     }
 }
 

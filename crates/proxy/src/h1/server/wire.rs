@@ -219,17 +219,6 @@ fn read_more<IO: AsyncRead + Unpin>(
     chunk: usize,
 ) -> Poll<io::Result<usize>> {
     let Wire { io, rbuf, .. } = w;
-    if rbuf.capacity() == 0 {
-        *rbuf = crate::spare::buffer();
-    }
-    if rbuf.capacity() - rbuf.len() < 512 {
-        if rbuf.is_empty() {
-            // A new buffer rather than the old one reallocated, which copies all of it (as
-            // in `h1::client::Wire::read_room`).
-            *rbuf = BytesMut::with_capacity(chunk);
-        } else {
-            rbuf.reserve(chunk);
-        }
-    }
+    crate::spare::read_room(rbuf, 512, chunk);
     tokio_util::io::poll_read_buf(Pin::new(io), cx, rbuf)
 }
