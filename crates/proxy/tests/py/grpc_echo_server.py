@@ -42,12 +42,22 @@ def server_stream(request, context):
 
 
 def slow_stream(request, context):
+    # grpcio stops pulling from a cancelled call's iterator without always resuming it,
+    # so the loop may never see the cancellation; the termination callback always runs.
+    state = {"sent": 0, "finished": False}
+
+    def on_end():
+        if not state["finished"]:
+            print("cancelled SlowStream after %d" % state["sent"], flush=True)
+
+    context.add_callback(on_end)
     for i in range(int(request.decode())):
         if not context.is_active():
-            print("cancelled SlowStream after %d" % i, flush=True)
             return
         yield b"tick-%d" % i
+        state["sent"] = i + 1
         time.sleep(0.1)
+    state["finished"] = True
 
 
 def client_stream(request_iterator, context):
