@@ -29,7 +29,7 @@ pub(crate) const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     // Comparing a standard name is comparing an enum tag; no hashing.
     HOP_BY_HOP.iter().any(|h| h == name)
 }

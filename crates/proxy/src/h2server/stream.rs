@@ -140,8 +140,15 @@ fn run(mut stream: Stream) -> impl std::future::Future<Output = ()> + Send {
             return;
         };
         let (mut head, body) = crate::proxy::unbox(resp).into_parts();
-        strip_connection_headers(&mut head.headers);
-        head.headers.entry(header::DATE).or_insert_with(date);
+        let mut names = Names::of(&head.headers);
+        if names.hop {
+            strip_connection_headers(&mut head.headers);
+            // Its `Connection` field may have named either of the others.
+            names = Names::of(&head.headers);
+        }
+        if !names.date {
+            head.headers.insert(header::DATE, date());
+        }
         if let Some(tx) = stream.tunnel {
             if head.status.is_success() {
                 head.headers.remove(header::CONTENT_LENGTH);
@@ -159,11 +166,10 @@ fn run(mut stream: Stream) -> impl std::future::Future<Output = ()> + Send {
         }
         let body = StallWatch::new(body);
         let eos = body.is_end_stream();
-        if !eos {
+        if !eos && !names.length {
             if let Some(n) = body.size_hint().exact() {
                 head.headers
-                    .entry(header::CONTENT_LENGTH)
-                    .or_insert_with(|| HeaderValue::from(n));
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
             }
         }
         let send = match stream
@@ -315,6 +321,33 @@ fn date() -> HeaderValue {
 }
 
 /// Fields HTTP/2 does not carry (RFC 9113 §8.2.2); h2 refuses a response with them.
+/// What one look at a response's names finds: a connection-specific field to strip (HTTP/2
+/// has none, RFC 9113 §8.2.2), a `Date`, a `Content-Length`. Each name is compared as an enum
+/// tag; a lookup by name (`entry`, `contains_key`) hashes and probes, about 200 instructions
+/// each, and a response from an HTTP/1.1 upstream has both fields already.
+#[derive(Default)]
+struct Names {
+    hop: bool,
+    date: bool,
+    length: bool,
+}
+
+impl Names {
+    fn of(h: &HeaderMap) -> Self {
+        let mut names = Self::default();
+        for name in h.keys() {
+            if *name == header::DATE {
+                names.date = true;
+            } else if *name == header::CONTENT_LENGTH {
+                names.length = true;
+            } else if crate::headers::is_hop_by_hop(name) {
+                names.hop = true;
+            }
+        }
+        names
+    }
+}
+
 fn strip_connection_headers(h: &mut HeaderMap) {
     if !crate::headers::has_hop_by_hop(h) {
         return;

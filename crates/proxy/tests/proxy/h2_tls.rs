@@ -41,6 +41,60 @@ async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {
     assert_eq!(seen[0].headers["host"], "h2.test");
 }
 
+/// What upkeep sends an HTTP/2 client of a response's `Date` and `Content-Length`, on the
+/// wire with curl: a date is added only when the upstream sent none, the upstream's own is
+/// passed on, and the length a response declares stays as it is; connection-specific fields
+/// (here one that names `Date`, so the upstream's date goes with it) never reach the client.
+#[tokio::test]
+async fn an_http2_client_gets_a_date_and_the_length_each_once() {
+    let responses = vec![
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+        b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2001 00:00:00 GMT\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+        b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2001 00:00:00 GMT\r\nConnection: date\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
+    ];
+    let addr = crate::response_framing::backend(Arc::new(responses)).await;
+    let up = upkeep(&one_group(&[addr], "")).await;
+    let fetch = |n: usize| {
+        let url = format!("http://{}/{n}", up.listeners[0]);
+        async move {
+            let out = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                tokio::process::Command::new("curl")
+                    .args(["-sS", "--http2-prior-knowledge", "-D", "-", &url])
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await
+            .expect("curl finishes")
+            .expect("curl runs");
+            String::from_utf8_lossy(&out.stdout).to_ascii_lowercase()
+        }
+    };
+    let count = |resp: &str, name: &str| {
+        resp.lines()
+            .filter(|l| l.starts_with(&format!("{name}:")))
+            .count()
+    };
+    let upstream_date = "date: mon, 01 jan 2001 00:00:00 gmt";
+    for n in 0..4 {
+        let resp = fetch(n).await;
+        assert!(resp.starts_with("http/2 200"), "case {n}: {resp}");
+        assert!(resp.ends_with("hello"), "case {n}: {resp}");
+        assert_eq!(count(&resp, "date"), 1, "case {n}: one date: {resp}");
+        assert_eq!(
+            resp.contains(upstream_date),
+            n == 1,
+            "case {n}: the upstream's date, and only when it is end to end: {resp}"
+        );
+        assert!(!resp.contains("connection:"), "case {n}: {resp}");
+        if n < 3 {
+            assert_eq!(count(&resp, "content-length"), 1, "case {n}: {resp}");
+            assert!(resp.contains("content-length: 5\r\n"), "case {n}: {resp}");
+        }
+    }
+}
+
 fn tls_files(dir: &std::path::Path) -> rustls::pki_types::CertificateDer<'static> {
     let cert = rcgen::generate_simple_self_signed(vec!["upkeep.test".to_owned()]).unwrap();
     std::fs::write(dir.join("cert.pem"), cert.cert.pem()).unwrap();

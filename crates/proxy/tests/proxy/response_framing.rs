@@ -62,8 +62,9 @@ fn cases() -> Vec<(&'static str, Vec<u8>, Want)> {
     ]
 }
 
-/// Answers `GET /N` (or `HEAD /N`) with the raw bytes of case N, then closes.
-async fn backend(responses: Arc<Vec<Vec<u8>>>) -> std::net::SocketAddr {
+/// Answers `GET /N` (or `HEAD /N`) with the raw bytes of case N, then closes (also the raw
+/// backend of `h2_tls`).
+pub(crate) async fn backend(responses: Arc<Vec<Vec<u8>>>) -> std::net::SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
