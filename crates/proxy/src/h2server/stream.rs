@@ -320,7 +320,6 @@ fn date() -> HeaderValue {
     })
 }
 
-/// Fields HTTP/2 does not carry (RFC 9113 §8.2.2); h2 refuses a response with them.
 /// What one look at a response's names finds: a connection-specific field to strip (HTTP/2
 /// has none, RFC 9113 §8.2.2), a `Date`, a `Content-Length`. Each name is compared as an enum
 /// tag; a lookup by name (`entry`, `contains_key`) hashes and probes, about 200 instructions
@@ -348,6 +347,7 @@ impl Names {
     }
 }
 
+/// Fields HTTP/2 does not carry (RFC 9113 §8.2.2); h2 refuses a response with them.
 fn strip_connection_headers(h: &mut HeaderMap) {
     if !crate::headers::has_hop_by_hop(h) {
         return;
