@@ -758,10 +758,18 @@ fn prepare<'s, 'r>(
     if present.has(Present::HOP_BY_HOP) {
         strip_hop_by_hop_keeping(&mut headers, |n| route_rules.request_headers.writes(n));
     }
-    trailers.restore_request(
-        &mut headers,
-        grpc && group.config().protocol != crate::config::UpstreamProtocol::Http1,
-    );
+    let mut added = Added::default();
+    if trailers.te(grpc && group.config().protocol != crate::config::UpstreamProtocol::Http1) {
+        if present.has(Present::TE) {
+            // A `TE` a route's rules kept is replaced, as an insert does.
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        } else {
+            // Beside the map: an insert hashes, probes and may grow a map decoded from
+            // HTTP/2, whose every request takes trailers.
+            added.set_te();
+        }
+    }
+    trailers.restore_declared(&mut headers);
     if host_field.is_none() {
         // Rule H4: an HTTP/1.1 request upstream always names a host.
         let h = host_value.and_then(|h| HeaderValue::from_str(h).ok());
@@ -773,7 +781,6 @@ fn prepare<'s, 'r>(
     if present.has(Present::COOKIES) {
         message::join_cookie_crumbs(&mut headers);
     }
-    let mut added = Added::default();
     if let Some(id) = new_id {
         // First, where the map's insert put it: before the forwarding fields.
         added.set_id(id);

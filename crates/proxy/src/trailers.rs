@@ -51,13 +51,15 @@ impl Wanted {
         }
     }
 
-    /// After hop-by-hop removal: `TE: trailers` upstream when the client accepts trailers or
-    /// `force` (gRPC to an HTTP/2 upstream, whose servers refuse a call without it), and the
-    /// request's `Trailer` declaration (an HTTP/1.1 upstream gets the declared fields only).
-    pub fn restore_request(&self, headers: &mut HeaderMap, force: bool) {
-        if self.accepts || force {
-            headers.insert(header::TE, HeaderValue::from_static("trailers"));
-        }
+    /// Whether `TE: trailers` goes upstream: the client accepts trailers, or `force` (gRPC to
+    /// an HTTP/2 upstream, whose servers refuse a call without it).
+    pub fn te(&self, force: bool) -> bool {
+        self.accepts || force
+    }
+
+    /// After hop-by-hop removal: the request's `Trailer` declaration (an HTTP/1.1 upstream
+    /// gets the declared fields only).
+    pub fn restore_declared(&self, headers: &mut HeaderMap) {
         for v in &self.declared {
             headers.append(header::TRAILER, v.clone());
         }
@@ -114,15 +116,16 @@ mod tests {
         h.insert(header::TRAILER, "x-sum".parse().unwrap());
         let w = Wanted::of(&h, Version::HTTP_11);
         let mut out = HeaderMap::new();
-        w.restore_request(&mut out, false);
-        assert_eq!(out[header::TE], "trailers");
+        w.restore_declared(&mut out);
+        assert!(w.te(false));
         assert_eq!(out[header::TRAILER], "x-sum");
         let w = Wanted::of(&HeaderMap::new(), Version::HTTP_11);
         let mut out = HeaderMap::new();
-        w.restore_request(&mut out, false);
+        w.restore_declared(&mut out);
         assert!(out.is_empty());
-        w.restore_request(&mut out, true);
-        assert_eq!(out[header::TE], "trailers");
+        assert!(!w.te(false));
+        assert!(w.te(true));
+        assert!(Wanted::none(Version::HTTP_2).te(false));
         let mut resp = HeaderMap::new();
         restore_response(&mut resp, vec![HeaderValue::from_static("x-sum")], false);
         assert!(resp.is_empty());

@@ -23,9 +23,12 @@ async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {
             .unwrap();
     tokio::spawn(conn);
     for i in 0..3 {
-        let req = Request::get(format!("http://h2.test/p{i}"))
-            .body(Empty::<Bytes>::new())
-            .unwrap();
+        let mut req = Request::get(format!("http://h2.test/p{i}"));
+        if i == 2 {
+            // The one field HTTP/2 lets a client send of those HTTP/1.1 calls hop-by-hop.
+            req = req.header("te", "trailers");
+        }
+        let req = req.body(Empty::<Bytes>::new()).unwrap();
         let resp = sender.send_request(req).await.unwrap();
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.version(), http::Version::HTTP_2);
@@ -39,6 +42,17 @@ async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {
     let seen = b.seen();
     assert_eq!(seen.len(), 3);
     assert_eq!(seen[0].headers["host"], "h2.test");
+    // An HTTP/2 client takes trailers: the HTTP/1.1 upstream is told so, once, whether the
+    // client said it or not.
+    for s in &seen {
+        let te: Vec<&str> = s
+            .headers
+            .get_all("te")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(te, ["trailers"], "{}", s.path);
+    }
 }
 
 /// What upkeep sends an HTTP/2 client of a response's `Date` and `Content-Length`, on the
