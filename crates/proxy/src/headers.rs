@@ -55,6 +55,10 @@ pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
 pub struct Added {
     /// `TE: trailers` (the client takes trailers), sent first: where the map's insert put it.
     te: bool,
+    /// `Host` with `last`'s value, the `x-forwarded-host` made from the same authority: a
+    /// request from HTTP/2 names its host in `:authority` only (rule H4 of
+    /// `normalize/rules.md`). Set by [`Added::set_host_as_forwarded`].
+    host: bool,
     /// A new `x-request-id`.
     id: Option<crate::request_id::Id>,
     /// `x-forwarded-for`: the client's address alone.
@@ -142,6 +146,18 @@ impl Added {
         self.te = true;
     }
 
+    /// Adds `Host: value` after `TE` when the `x-forwarded-host` added is `value` (the map
+    /// holds no `Host`): no value of its own and no insert. False, and nothing added, when it
+    /// is not (another forwarding mode, or a trusted proxy's `x-forwarded-host` kept).
+    pub(crate) fn set_host_as_forwarded(&mut self, value: &HeaderValue) -> bool {
+        self.host = self.last_name == Last::XForwardedHost
+            && self
+                .last
+                .as_ref()
+                .is_some_and(|v| v.as_bytes() == value.as_bytes());
+        self.host
+    }
+
     /// Adds a new `x-request-id`, before the forwarding fields.
     pub(crate) fn set_id(&mut self, id: crate::request_id::Id) {
         self.id = Some(id);
@@ -150,6 +166,11 @@ impl Added {
     /// The fields, in the order they go out: names and values' bytes.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
         let te = self.te.then(|| (&header::TE, TE_TRAILERS.as_bytes()));
+        let host = self
+            .last
+            .as_ref()
+            .filter(|_| self.host)
+            .map(|v| (&header::HOST, v.as_bytes()));
         let id = self
             .id
             .as_ref()
@@ -166,6 +187,7 @@ impl Added {
             .as_ref()
             .map(|v| (self.last_name.name(), v.as_bytes()));
         te.into_iter()
+            .chain(host)
             .chain(id)
             .chain(client)
             .chain(proto)
@@ -175,6 +197,11 @@ impl Added {
     /// The fields as names and values, in the order they go out.
     fn values(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
         let te = self.te.then(|| (header::TE, TE_TRAILERS.clone()));
+        let host = self
+            .last
+            .clone()
+            .filter(|_| self.host)
+            .map(|v| (header::HOST, v));
         let id = self
             .id
             .map(|id| (crate::request_id::X_REQUEST_ID, id.value()));
@@ -188,6 +215,7 @@ impl Added {
             .clone()
             .map(|v| (self.last_name.name().clone(), v));
         te.into_iter()
+            .chain(host)
             .chain(id)
             .chain(client)
             .chain(proto)
@@ -389,6 +417,28 @@ pub fn strip_hop_by_hop_keeping(headers: &mut HeaderMap, keep: impl Fn(&HeaderNa
     }
 }
 
+thread_local! {
+    static LAST_AUTHORITY: std::cell::RefCell<Option<HeaderValue>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A target's authority (checked already) as a header value, for the `Host` and
+/// `x-forwarded-host` of a request that has no `Host` field: a shared copy of the one made
+/// last on this thread when it is the same (an HTTP/2 client names its host in every
+/// stream's `:authority`), else a new one, checked and copied.
+pub fn authority_value(authority: &str) -> Option<HeaderValue> {
+    LAST_AUTHORITY.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some(v) = last.as_ref() {
+            if v.as_bytes() == authority.as_bytes() {
+                return Some(v.clone());
+            }
+        }
+        let v = HeaderValue::from_str(authority).ok()?;
+        *last = Some(v.clone());
+        Some(v)
+    })
+}
+
 /// The client's address as a header value, made once per connection.
 pub fn client_ip_value(client: SocketAddr) -> HeaderValue {
     HeaderValue::from_str(&client.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"))
@@ -399,7 +449,8 @@ pub fn client_ip_value(client: SocketAddr) -> HeaderValue {
 /// client (a proxy in `trusted_proxies`) the chain is appended to; from anyone else every
 /// incoming forwarding header is dropped first, so a client cannot forge its origin.
 /// `carries_forwarding`: the request came with such a header (`Present::FORWARDING`);
-/// `host_field`: its `Host` field, if any. A field the request does not carry goes to `added`
+/// `host_field`: its `Host` field, or the value made for it from the target's authority
+/// ([`authority_value`]), if any. A field the request does not carry goes to `added`
 /// (see [`Added`]); one that replaces a field a trusted proxy sent goes into the map.
 #[allow(clippy::too_many_arguments)]
 pub fn add_forwarded(
@@ -611,7 +662,7 @@ mod tests {
     }
 
     #[test]
-    fn te_and_a_made_id_go_first_and_the_map_gets_the_same_fields() {
+    fn te_host_and_a_made_id_go_first_and_the_map_gets_the_same_fields() {
         let id = crate::request_id::Id::new();
         let mut added = Added {
             client: AddrText::of(&HeaderValue::from_static("10.0.0.1")),
@@ -621,6 +672,8 @@ mod tests {
         };
         added.set_id(id);
         added.set_te();
+        assert!(!added.set_host_as_forwarded(&HeaderValue::from_static("b.test")));
+        assert!(added.set_host_as_forwarded(&HeaderValue::from_static("a.test")));
         let written: Vec<(String, Vec<u8>)> = added
             .iter()
             .map(|(n, v)| (n.as_str().to_owned(), v.to_vec()))
@@ -629,6 +682,7 @@ mod tests {
             written,
             [
                 ("te".to_owned(), b"trailers".to_vec()),
+                ("host".to_owned(), b"a.test".to_vec()),
                 ("x-request-id".to_owned(), id.as_bytes().to_vec()),
                 ("x-forwarded-for".to_owned(), b"10.0.0.1".to_vec()),
                 ("x-forwarded-proto".to_owned(), b"https".to_vec()),
@@ -655,6 +709,20 @@ mod tests {
         assert_eq!(added.iter().count(), 0, "moved out");
         // Part of every request in flight, written into memory gone cold (the type's doc).
         assert!(std::mem::size_of::<Added>() <= 120);
+    }
+
+    #[test]
+    fn an_authority_value_is_the_last_ones_when_the_same() {
+        let a = authority_value("h.test:8080").unwrap();
+        let b = authority_value("h.test:8080").unwrap();
+        assert_eq!(
+            a.as_bytes().as_ptr(),
+            b.as_bytes().as_ptr(),
+            "a shared copy"
+        );
+        assert_eq!(authority_value("i.test").unwrap(), "i.test");
+        assert_eq!(authority_value("h.test:8080").unwrap(), "h.test:8080");
+        assert!(authority_value("bad\nvalue").is_none());
     }
 
     #[test]

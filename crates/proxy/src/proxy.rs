@@ -770,14 +770,12 @@ fn prepare<'s, 'r>(
         }
     }
     trailers.restore_declared(&mut headers);
-    if host_field.is_none() {
-        // Rule H4: an HTTP/1.1 request upstream always names a host.
-        let h = host_value.and_then(|h| HeaderValue::from_str(h).ok());
-        headers.insert(
-            header::HOST,
-            h.unwrap_or_else(|| message::default_host(ctx.local)),
-        );
-    }
+    // Rule H4: an HTTP/1.1 request upstream always names a host; without a `Host` field, the
+    // target's authority (HTTP/2's `:authority`, an absolute-form target) is made one.
+    let made_host = match host_field {
+        None => host_value.and_then(crate::headers::authority_value),
+        Some(_) => None,
+    };
     if present.has(Present::COOKIES) {
         message::join_cookie_crumbs(&mut headers);
     }
@@ -799,9 +797,21 @@ fn prepare<'s, 'r>(
         &ctx.client_ip,
         if ctx.tls { "https" } else { "http" },
         host_value,
-        host_field.as_ref(),
+        host_field.as_ref().or(made_host.as_ref()),
         &mut added,
     );
+    if host_field.is_none() {
+        match made_host {
+            // Beside the map, as the `x-forwarded-host` with the same value.
+            Some(v) if added.set_host_as_forwarded(&v) => {}
+            made => {
+                headers.insert(
+                    header::HOST,
+                    made.unwrap_or_else(|| message::default_host(ctx.local)),
+                );
+            }
+        }
+    }
     if upgrade.is_some() || request_rules {
         // The upgrade path sends the map as it is, and a route's rules may change or remove
         // what upkeep added.

@@ -22,8 +22,10 @@ async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {
             .await
             .unwrap();
     tokio::spawn(conn);
-    for i in 0..3 {
-        let mut req = Request::get(format!("http://h2.test/p{i}"));
+    // The second names another host: the `Host` made from `:authority` is not the last one's.
+    let hosts = ["h2.test", "other.test", "h2.test"];
+    for (i, host) in hosts.iter().enumerate() {
+        let mut req = Request::get(format!("http://{host}/p{i}"));
         if i == 2 {
             // The one field HTTP/2 lets a client send of those HTTP/1.1 calls hop-by-hop.
             req = req.header("te", "trailers");
@@ -41,10 +43,18 @@ async fn h2c_prior_knowledge_is_proxied_to_http1_upstream() {
     }
     let seen = b.seen();
     assert_eq!(seen.len(), 3);
-    assert_eq!(seen[0].headers["host"], "h2.test");
     // An HTTP/2 client takes trailers: the HTTP/1.1 upstream is told so, once, whether the
-    // client said it or not.
-    for s in &seen {
+    // client said it or not. `:authority` becomes one `Host` and one `X-Forwarded-Host`.
+    for (s, host) in seen.iter().zip(hosts) {
+        for name in ["host", "x-forwarded-host"] {
+            let values: Vec<&str> = s
+                .headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect();
+            assert_eq!(values, [host], "{name} of {}", s.path);
+        }
         let te: Vec<&str> = s
             .headers
             .get_all("te")
