@@ -115,6 +115,14 @@ impl Proto {
     }
 }
 
+/// How [`Added`] keeps a field's value.
+enum Kept<'a> {
+    /// As a header value, shared when the field goes into a map.
+    Value(&'a HeaderValue),
+    /// As bytes (a request id, a client's address), made into a value for a map.
+    Bytes(&'a [u8]),
+}
+
 /// The name of [`Added`]'s last field.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Last {
@@ -163,29 +171,31 @@ impl Added {
         self.id = Some(id);
     }
 
-    /// The fields, in the order they go out: names and values' bytes.
-    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
-        let te = self.te.then(|| (&header::TE, TE_TRAILERS.as_bytes()));
+    /// The fields, in the order they go out: each name with its value as kept.
+    fn fields(&self) -> impl Iterator<Item = (&HeaderName, Kept<'_>)> {
+        let te = self.te.then_some((&header::TE, Kept::Value(&TE_TRAILERS)));
         let host = self
             .last
             .as_ref()
             .filter(|_| self.host)
-            .map(|v| (&header::HOST, v.as_bytes()));
-        let id = self
-            .id
-            .as_ref()
-            .map(|id| (&crate::request_id::X_REQUEST_ID_NAME, id.as_bytes()));
+            .map(|v| (&header::HOST, Kept::Value(v)));
+        let id = self.id.as_ref().map(|id| {
+            (
+                &crate::request_id::X_REQUEST_ID_NAME,
+                Kept::Bytes(id.as_bytes()),
+            )
+        });
         let client = self
             .client
             .as_ref()
-            .map(|a| (&X_FORWARDED_FOR_NAME, a.as_bytes()));
+            .map(|a| (&X_FORWARDED_FOR_NAME, Kept::Bytes(a.as_bytes())));
         let proto = self
             .proto
-            .map(|p| (&X_FORWARDED_PROTO_NAME, p.value().as_bytes()));
+            .map(|p| (&X_FORWARDED_PROTO_NAME, Kept::Value(p.value())));
         let last = self
             .last
             .as_ref()
-            .map(|v| (self.last_name.name(), v.as_bytes()));
+            .map(|v| (self.last_name.name(), Kept::Value(v)));
         te.into_iter()
             .chain(host)
             .chain(id)
@@ -194,32 +204,24 @@ impl Added {
             .chain(last)
     }
 
-    /// The fields as names and values, in the order they go out.
+    /// The fields, in the order they go out: names and values' bytes.
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
+        self.fields().map(|(n, v)| match v {
+            Kept::Value(v) => (n, v.as_bytes()),
+            Kept::Bytes(b) => (n, b),
+        })
+    }
+
+    /// The fields as names and values, in the order they go out: a value kept as one is
+    /// shared, one kept as bytes made.
     fn values(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
-        let te = self.te.then(|| (header::TE, TE_TRAILERS.clone()));
-        let host = self
-            .last
-            .clone()
-            .filter(|_| self.host)
-            .map(|v| (header::HOST, v));
-        let id = self
-            .id
-            .map(|id| (crate::request_id::X_REQUEST_ID, id.value()));
-        let client = self.client.and_then(|a| {
-            let v = HeaderValue::from_bytes(a.as_bytes()).ok()?;
-            Some((X_FORWARDED_FOR, v))
-        });
-        let proto = self.proto.map(|p| (X_FORWARDED_PROTO, p.value().clone()));
-        let last = self
-            .last
-            .clone()
-            .map(|v| (self.last_name.name().clone(), v));
-        te.into_iter()
-            .chain(host)
-            .chain(id)
-            .chain(client)
-            .chain(proto)
-            .chain(last)
+        self.fields().filter_map(|(n, v)| {
+            let v = match v {
+                Kept::Value(v) => v.clone(),
+                Kept::Bytes(b) => HeaderValue::from_bytes(b).ok()?,
+            };
+            Some((n.clone(), v))
+        })
     }
 
     /// Moves the fields into `headers`.
