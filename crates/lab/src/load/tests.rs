@@ -43,9 +43,13 @@ async fn open_loop_keeps_sending_while_every_request_is_stuck() {
         .records
         .iter()
         .all(|r| r.error == Some(ClientError::Timeout)));
+    // A loop that waited for answers would send its second request only
+    // when the first timed out, 400 ms late. The bound is a quarter of that:
+    // it tells the two apart even when the test shares a busy machine with
+    // the rest of the suite (a 21 ms p99 was seen there).
     let stats = LoadStats::of(&result.records);
     assert!(
-        stats.lag_p99_ms < 20.0,
+        stats.lag_p99_ms < 100.0,
         "send lag p99 {} ms",
         stats.lag_p99_ms
     );
