@@ -128,10 +128,13 @@ pub(crate) fn handle_with(
 ) -> impl std::future::Future<Output = Result<Resp, Infallible>> + Send {
     async move {
         let start = Instant::now();
-        let shared = ctx.shared.clone();
+        // Borrowed, and the state taken through this thread's handle: the reference counts of
+        // `Shared` and of the `State` are lines every serving thread would write per request
+        // (docs/benchmarks.md, "How the design scales to 16 and 64 cores").
+        let shared = &ctx.shared;
         shared.metrics.requests.inc();
         let in_flight = InFlight::new(ctx.activity.clone());
-        let state = shared.state.load_full();
+        let state = shared.state_here();
         let version = req.version();
         let asks_upgrade = present.has(Present::UPGRADE) && crate::upgrade::asks(&req);
         // An HTTP/1.0 client keeps its connection only when it asks to; to any other the
@@ -228,7 +231,7 @@ pub(crate) fn handle_with(
         shared
             .metrics
             .response(origin, class(status), cause.unwrap_or(""));
-        count_by_route_and_peer(&shared, &info, status, origin);
+        count_by_route_and_peer(shared, &info, status, origin);
         let record = head.map(|(wall, mut text)| {
             if let Some(r) = &info.route {
                 text.set(Field::Route, &r.route);
@@ -257,7 +260,7 @@ pub(crate) fn handle_with(
             })
         });
         let done = Done {
-            shared,
+            ctx: ctx.clone(),
             start,
             record,
             bytes_in: info.bytes_in.take(),
@@ -275,7 +278,9 @@ pub(crate) fn handle_with(
 }
 
 struct Done {
-    shared: Arc<Shared>,
+    /// The connection's context (for `Shared`): its count of references is the
+    /// connection's, on its own thread.
+    ctx: Arc<ConnCtx>,
     start: Instant,
     /// `None` when the access log is off. Boxed: `Done` is moved into its own box per
     /// request, a pointer's worth rather than the whole line's when the log is off.
@@ -288,12 +293,13 @@ struct Done {
 impl OnDone for Done {
     fn done(self: Box<Self>, bytes: u64, complete: bool, cut: Option<Cut>) {
         let Done {
-            shared,
+            ctx,
             start,
             record,
             bytes_in,
             _in_flight,
         } = *self;
+        let shared = &ctx.shared;
         let cut = cut.or_else(|| {
             _in_flight
                 .activity()

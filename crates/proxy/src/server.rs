@@ -171,7 +171,7 @@ async fn start_inner(
         .map_err(StartError::Listener)?;
     let shared = Shared::new(metrics, access_log, config_path, config.clone());
     let (state, _) = State::build(config.clone(), None, &shared).map_err(StartError::State)?;
-    shared.state.store(Arc::new(state));
+    shared.set_state(Arc::new(state));
     if inherited.is_some() {
         // Taking over from an upgraded process: accept nothing (downstream or admin) on the
         // shared sockets until this process can really serve; meanwhile the old one does.

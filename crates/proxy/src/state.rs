@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 
 use crate::access_log::AccessLogger;
 use crate::config::{AccessLog, Config, DnsConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PerThread};
 use crate::route::RouteTable;
 use crate::server::listeners::Listeners;
 use crate::upstream::{names, Group};
@@ -23,6 +23,19 @@ pub struct State {
     pub routes: RouteTable,
     /// Groups by name (looked up per request; the names are the config's: `fxhash`).
     pub groups: HashMap<String, Arc<Group>, crate::fxhash::FxBuild>,
+}
+
+/// The current state as one serving thread holds it: a request keeps its thread's `Here`
+/// (`Shared::state_here`) to the end, so the reference count it raises and lowers is on a
+/// line of that thread's, not the one count of the `State` every thread would write.
+pub struct Here(Arc<State>);
+
+impl std::ops::Deref for Here {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
 }
 
 /// What a reload did to the groups, for its log line.
@@ -123,8 +136,11 @@ impl State {
 
 /// Everything the listeners, handlers and admin endpoints share.
 pub struct Shared {
-    /// The current state.
+    /// The current state. Replaced only through `set_state`, which also replaces the
+    /// per-thread handles requests take (`state_here`).
     pub state: ArcSwap<State>,
+    /// The current state once per thread shard, for requests.
+    here: PerThread<ArcSwap<Here>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Access log.
@@ -152,8 +168,10 @@ impl Shared {
             groups: HashMap::default(),
             config,
         };
+        let empty = Arc::new(empty);
         Arc::new(Self {
-            state: ArcSwap::from_pointee(empty),
+            here: PerThread::new(|| ArcSwap::from_pointee(Here(empty.clone()))),
+            state: ArcSwap::new(empty),
             metrics,
             access_log,
             config_path,
@@ -228,6 +246,23 @@ impl Shared {
         self.listeners_bound.store(true, Ordering::Relaxed);
     }
 
+    /// Replaces the state: for the admin's and the lifecycle's readers (`state`) and for every
+    /// serving thread's requests (`state_here`). A request that started before keeps the
+    /// state it took.
+    pub fn set_state(&self, state: Arc<State>) {
+        self.state.store(state.clone());
+        for slot in self.here.all() {
+            slot.store(Arc::new(Here(state.clone())));
+        }
+    }
+
+    /// The current state for one request, held to its end: its thread's handle, whose count
+    /// of references no other serving thread writes.
+    #[inline]
+    pub fn state_here(&self) -> Arc<Here> {
+        self.here.here().load_full()
+    }
+
     /// Applies a new config (validated already) in one swap: a request sees the old state
     /// or the new one, never a half-built one. The old state stays if building fails.
     pub fn apply(&self, config: Config) -> Result<GroupChanges, String> {
@@ -244,10 +279,62 @@ impl Shared {
                     .set(g.in_panic() as i64);
             }
         }
-        self.state.store(Arc::new(next));
+        self.set_state(Arc::new(next));
         for name in &changes.removed {
             self.metrics.forget_group(name);
         }
         Ok(changes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn config(port: u16) -> Arc<Config> {
+        let text = format!(
+            "[[listener]]\nlisten = \"127.0.0.1:{port}\"\n\n[[route]]\ngroup = \"g\"\n\n\
+             [groups.g]\nendpoints = [\"127.0.0.1:9\"]\n"
+        );
+        Arc::new(crate::config::parse(Path::new("upkeep.toml"), &text).unwrap())
+    }
+
+    fn state(config: Arc<Config>) -> Arc<State> {
+        Arc::new(State {
+            routes: RouteTable::new(&[]),
+            groups: HashMap::default(),
+            config,
+        })
+    }
+
+    #[test]
+    fn every_thread_sees_a_new_state_at_once_and_the_old_one_is_let_go() {
+        let shared = Shared::new(Metrics::new(), AccessLogger::off(), None, config(1));
+        let old = state(config(2));
+        shared.set_state(old.clone());
+        // Each thread takes the state through its own shard's handle.
+        let seen = |shared: &Shared| {
+            std::thread::scope(|s| {
+                let all: Vec<_> = (0..8)
+                    .map(|_| s.spawn(|| shared.state_here().config.listeners[0].listen))
+                    .collect();
+                all.into_iter()
+                    .map(|t| t.join().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert!(seen(&shared).iter().all(|a| a.port() == 2));
+        // A request that started before keeps the state it took.
+        let held = shared.state_here();
+        shared.set_state(state(config(3)));
+        assert!(seen(&shared).iter().all(|a| a.port() == 3));
+        assert_eq!(shared.state_here().config.listeners[0].listen.port(), 3);
+        assert_eq!(held.config.listeners[0].listen.port(), 2);
+        // Once that request ends, nothing but this test holds the old state: no idle thread
+        // keeps it (and its groups' tasks) alive.
+        drop(held);
+        assert_eq!(Arc::strong_count(&old), 1);
     }
 }

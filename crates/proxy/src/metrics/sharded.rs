@@ -93,6 +93,35 @@ impl Cells {
     }
 }
 
+/// One `T` per shard, each on cache lines of its own: a thread uses its shard's copy
+/// (`here`), and whatever needs every copy (a sum, a replacement) walks `all`. For values the
+/// request path writes that every serving thread would otherwise write to the same line (a
+/// shared count, the reference count of a shared `Arc`).
+#[derive(Debug)]
+pub(crate) struct PerThread<T>(Box<[Padded<T>]>);
+
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> PerThread<T> {
+    /// One copy per shard, each made by `make`.
+    pub(crate) fn new(mut make: impl FnMut() -> T) -> Self {
+        Self((0..shard_count()).map(|_| Padded(make())).collect())
+    }
+
+    /// This thread's copy.
+    #[inline]
+    pub(crate) fn here(&self) -> &T {
+        &self.0[shard()].0
+    }
+
+    /// Every copy.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &T> {
+        self.0.iter().map(|p| &p.0)
+    }
+}
+
 /// A counter kept per thread; a clone counts into the same value.
 #[derive(Clone, Debug)]
 pub struct ShardedCounter(Arc<Cells>);
@@ -362,6 +391,30 @@ impl EncodeMetric for RouteFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_thread_copies_are_one_per_shard_and_a_thread_keeps_its_own() {
+        let copies = PerThread::new(|| AtomicUsize::new(0));
+        assert_eq!(copies.all().count(), shard_count());
+        // As many threads as shards, each adding to its copy: all of them are counted once,
+        // and a thread finds the same copy every time.
+        std::thread::scope(|s| {
+            for _ in 0..shard_count() {
+                s.spawn(|| {
+                    let mine: *const AtomicUsize = copies.here();
+                    copies.here().fetch_add(1, Ordering::Relaxed);
+                    assert!(std::ptr::eq(mine, copies.here()));
+                });
+            }
+        });
+        let total: usize = copies.all().map(|c| c.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, shard_count());
+        let lines: std::collections::HashSet<usize> = copies
+            .all()
+            .map(|c| c as *const AtomicUsize as usize / 128)
+            .collect();
+        assert_eq!(lines.len(), shard_count(), "each copy on its own 128 bytes");
+    }
 
     #[test]
     fn counts_from_many_threads_add_up_in_one_read() {

@@ -14,7 +14,7 @@ use upkeep_discovery::{NameState, Outcome};
 use super::peer::{FailureEffect, Peer};
 use crate::config::{Balance, EndpointSource, GroupConfig};
 use crate::error::NoPeersReason;
-use crate::metrics::{GroupLabel, Metrics};
+use crate::metrics::{GroupLabel, Metrics, PerThread};
 use crate::pool::Pool;
 
 /// The current peers of a group, by tier.
@@ -66,7 +66,9 @@ pub struct Group {
     rr: AtomicUsize,
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
-    active_requests: AtomicUsize,
+    /// Requests in flight, counted per thread shard (every request writes it; only a retry
+    /// reads the sum).
+    active_requests: PerThread<AtomicUsize>,
     active_retries: AtomicUsize,
     pub(crate) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     degraded_since: Mutex<Option<Instant>>,
@@ -134,7 +136,7 @@ impl Group {
             rr: AtomicUsize::new(0),
             pool,
             metrics,
-            active_requests: AtomicUsize::new(0),
+            active_requests: PerThread::new(|| AtomicUsize::new(0)),
             active_retries: AtomicUsize::new(0),
             tasks: Mutex::new(Vec::new()),
             degraded_since: Mutex::new(None),
@@ -242,7 +244,7 @@ impl Group {
             rr: AtomicUsize::new(prev.rr.load(Ordering::Relaxed)),
             pool,
             metrics,
-            active_requests: AtomicUsize::new(0),
+            active_requests: PerThread::new(|| AtomicUsize::new(0)),
             active_retries: AtomicUsize::new(0),
             tasks: Mutex::new(Vec::new()),
             degraded_since: Mutex::new(*prev.degraded_since.lock().unwrap()),
@@ -655,7 +657,7 @@ impl Group {
 
     /// Counts a request in flight for the retry budget; the guard ends it.
     pub fn start_request(&self) -> RequestGuard<'_> {
-        self.active_requests.fetch_add(1, Ordering::Relaxed);
+        self.active_requests.here().fetch_add(1, Ordering::Relaxed);
         RequestGuard { group: self }
     }
 
@@ -690,7 +692,14 @@ impl<'a> RequestGuard<'a> {
     /// retry budget). The place is held until the attempt ends.
     pub fn try_retry(&mut self) -> Option<RetryPermit<'a>> {
         let g = self.group;
-        let active = g.active_requests.load(Ordering::Relaxed);
+        // A guard may end on another thread than it started (a shard then goes below zero):
+        // the sum wraps back, and a sum read while one is on its way counts as none.
+        let active = g
+            .active_requests
+            .all()
+            .map(|n| n.load(Ordering::Relaxed))
+            .fold(0usize, usize::wrapping_add);
+        let active = usize::try_from(active as isize).unwrap_or(0);
         let allowed = (active * g.cfg.retry.budget_percent as usize / 100)
             .max(g.cfg.retry.budget_min as usize);
         let prev = g.active_retries.fetch_add(1, Ordering::Relaxed);
@@ -711,7 +720,10 @@ impl Drop for RetryPermit<'_> {
 
 impl Drop for RequestGuard<'_> {
     fn drop(&mut self) {
-        self.group.active_requests.fetch_sub(1, Ordering::Relaxed);
+        self.group
+            .active_requests
+            .here()
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -912,5 +924,26 @@ mod tests {
         // A finished retry gives its place back.
         drop(permits);
         assert!(guards[0].try_retry().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_budget_counts_requests_of_every_thread_and_guards_ended_elsewhere() {
+        let g = group(&["127.0.0.1:1"], &[0]);
+        // 40 requests, each started on a thread of its own (each thread counts in its own
+        // shard), all ended here.
+        let mut guards: Vec<_> = std::thread::scope(|s| {
+            let started: Vec<_> = (0..40).map(|_| s.spawn(|| g.start_request())).collect();
+            started.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let permits: Vec<_> = guards.iter_mut().filter_map(|r| r.try_retry()).collect();
+        // 20% of 40 = 8, above the floor of 3.
+        assert_eq!(permits.len(), 8);
+        drop(permits);
+        drop(guards);
+        // Every count came back though no guard ended where it started: one request in
+        // flight allows the floor again.
+        let mut one = g.start_request();
+        let permits: Vec<_> = (0..10).filter_map(|_| one.try_retry()).collect();
+        assert_eq!(permits.len(), 3);
     }
 }
