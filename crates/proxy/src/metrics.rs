@@ -12,7 +12,7 @@ mod upgrade;
 
 pub use exposition::{scrape, Format};
 pub use peers::PeerStats;
-pub(crate) use sharded::PerThread;
+pub(crate) use sharded::{Cells, PerThread};
 pub use sharded::{RouteFamily, RouteSeries, ShardedCounter, ShardedHistogram, SlotFamily};
 pub use upgrade::UpgradeMetrics;
 

@@ -82,6 +82,14 @@ impl Cells {
         self.blocks[block].0[slot % LANES].fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Takes `n` from counter `slot` in this thread's shard. A shard may go below zero (a
+    /// count started on another thread); the sum wraps back.
+    #[inline]
+    pub(crate) fn sub(&self, slot: usize, n: u64) {
+        let block = shard() * self.stride + slot / LANES;
+        self.blocks[block].0[slot % LANES].fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Counter `slot` summed over every shard.
     pub(crate) fn sum(&self, slot: usize) -> u64 {
         self.blocks

@@ -14,7 +14,7 @@ use upkeep_discovery::{NameState, Outcome};
 use super::peer::{FailureEffect, Peer};
 use crate::config::{Balance, EndpointSource, GroupConfig};
 use crate::error::NoPeersReason;
-use crate::metrics::{GroupLabel, Metrics, PerThread};
+use crate::metrics::{Cells, GroupLabel, Metrics};
 use crate::pool::Pool;
 
 /// The current peers of a group, by tier.
@@ -66,9 +66,9 @@ pub struct Group {
     rr: AtomicUsize,
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
-    /// Requests in flight, counted per thread shard (every request writes it; only a retry
-    /// reads the sum).
-    active_requests: PerThread<AtomicUsize>,
+    /// Requests in flight (slot 0), counted per thread shard: every request writes it, only
+    /// a retry reads the sum.
+    active_requests: Cells,
     active_retries: AtomicUsize,
     pub(crate) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     degraded_since: Mutex<Option<Instant>>,
@@ -136,7 +136,7 @@ impl Group {
             rr: AtomicUsize::new(0),
             pool,
             metrics,
-            active_requests: PerThread::new(|| AtomicUsize::new(0)),
+            active_requests: Cells::new(1),
             active_retries: AtomicUsize::new(0),
             tasks: Mutex::new(Vec::new()),
             degraded_since: Mutex::new(None),
@@ -244,7 +244,7 @@ impl Group {
             rr: AtomicUsize::new(prev.rr.load(Ordering::Relaxed)),
             pool,
             metrics,
-            active_requests: PerThread::new(|| AtomicUsize::new(0)),
+            active_requests: Cells::new(1),
             active_retries: AtomicUsize::new(0),
             tasks: Mutex::new(Vec::new()),
             degraded_since: Mutex::new(*prev.degraded_since.lock().unwrap()),
@@ -657,7 +657,7 @@ impl Group {
 
     /// Counts a request in flight for the retry budget; the guard ends it.
     pub fn start_request(&self) -> RequestGuard<'_> {
-        self.active_requests.here().fetch_add(1, Ordering::Relaxed);
+        self.active_requests.add(0, 1);
         RequestGuard { group: self }
     }
 
@@ -692,14 +692,9 @@ impl<'a> RequestGuard<'a> {
     /// retry budget). The place is held until the attempt ends.
     pub fn try_retry(&mut self) -> Option<RetryPermit<'a>> {
         let g = self.group;
-        // A guard may end on another thread than it started (a shard then goes below zero):
-        // the sum wraps back, and a sum read while one is on its way counts as none.
-        let active = g
-            .active_requests
-            .all()
-            .map(|n| n.load(Ordering::Relaxed))
-            .fold(0usize, usize::wrapping_add);
-        let active = usize::try_from(active as isize).unwrap_or(0);
+        // A guard may end on another thread than it started: a sum read while its count is
+        // on its way from one shard to the other may wrap below zero, and counts as none.
+        let active = usize::try_from(g.active_requests.sum(0) as i64).unwrap_or(0);
         let allowed = (active * g.cfg.retry.budget_percent as usize / 100)
             .max(g.cfg.retry.budget_min as usize);
         let prev = g.active_retries.fetch_add(1, Ordering::Relaxed);
@@ -720,10 +715,7 @@ impl Drop for RetryPermit<'_> {
 
 impl Drop for RequestGuard<'_> {
     fn drop(&mut self) {
-        self.group
-            .active_requests
-            .here()
-            .fetch_sub(1, Ordering::Relaxed);
+        self.group.active_requests.sub(0, 1);
     }
 }
 
