@@ -138,6 +138,10 @@ impl AsyncWrite for SharedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let [one] = bufs {
+            // `send(2)`, not `writev(2)` (`crate::listener::Guarded` says why).
+            return self.poll_write(cx, one);
+        }
         let n = ready!(match &mut self.stream {
             Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),

@@ -2,8 +2,8 @@
 //! §6.2: a server sends its own version, also to an HTTP/1.0 client), the header fields, the
 //! body framed as it dictates (`Content-Length`, `chunked`, or until the close for an
 //! HTTP/1.0 client), no body for HEAD, 204 and 304, trailers to a client that sent
-//! `TE: trailers` (all the upstream sent, declared or not). The head goes out with the body bytes already at hand in one vectored
-//! write. The framing rules are hyper's server's, so clients see what they saw before; hyper's
+//! `TE: trailers` (all the upstream sent, declared or not). The head goes out with the body bytes already at hand in one write
+//! (`crate::h1::poll_write_gathered`). The framing rules are hyper's server's, so clients see what they saw before; hyper's
 //! server sent only the trailer fields named in `Trailer`.
 
 use std::future::poll_fn;
@@ -355,7 +355,6 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
             wbuf.put_slice(b"\r\n");
         }
         wbuf.put_slice(b"\r\n");
-        let head = wbuf.split().freeze();
         let trailers_allowed = req.accepts_trailers && enc == Enc::Chunked;
         let mut out = Out {
             wire,
@@ -366,19 +365,39 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
         if enc == Enc::Length(0) {
             // Nothing of the body goes out: it is dropped unread, as hyper did.
             drop(body);
-            out.write_all(&mut [head]).await?;
+            out.write_all(&mut [wbuf.split().freeze()]).await?;
             return Ok(keep_alive);
         }
 
-        pending.clear();
-        pending.push(head);
         let mut left = match enc {
             Enc::Length(n) => n,
             _ => 0,
         };
+        // A small body already at hand goes into the head's buffer, so that the response is
+        // one buffer and one `send(2)` without copying the head again
+        // (`crate::h1::poll_write_gathered`). Any other frame is the loop's.
+        let mut first = None;
+        if left > 0 && left <= crate::h1::GATHER as u64 {
+            match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if data.len() as u64 <= left => {
+                        left -= data.len() as u64;
+                        wbuf.put_slice(&data);
+                    }
+                    Ok(data) => first = Some(Some(Ok(http_body::Frame::data(data)))),
+                    Err(frame) => first = Some(Some(Ok(frame))),
+                },
+                Poll::Ready(frame) => first = Some(frame),
+                Poll::Pending => {}
+            }
+        }
+        pending.clear();
+        pending.push(wbuf.split().freeze());
         loop {
             // A frame at hand goes out with what is queued; none at hand: the queue goes now.
-            let frame = if pending.is_empty() {
+            let frame = if let Some(frame) = first.take() {
+                frame
+            } else if pending.is_empty() {
                 poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
             } else if pending.len() >= 16 {
                 out.write_all(pending).await?;
@@ -629,6 +648,120 @@ mod tests {
         .await;
         assert!(out.contains("\r\nconnection: keep-alive\r\n"), "{out}");
         assert!(keep);
+    }
+
+    /// A client's socket that takes every byte and notes each write: whether it was
+    /// vectored, and what it carried.
+    #[derive(Clone, Default)]
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<Write>>>);
+
+    /// One write: whether it was vectored, and its bytes.
+    type Write = (bool, Vec<u8>);
+
+    impl Recorder {
+        fn writes(&self) -> Vec<Write> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    impl AsyncRead for Recorder {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.0.lock().unwrap().push((false, buf.to_vec()));
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let all = bufs
+                .iter()
+                .flat_map(|b| b.iter().copied())
+                .collect::<Vec<_>>();
+            let n = all.len();
+            self.0.lock().unwrap().push((true, all));
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// `resp` written to a [`Recorder`]: the writer's result and the writes it made.
+    async fn recorded(resp: Response<RespBody>) -> (io::Result<bool>, Vec<Write>) {
+        let rec = Recorder::default();
+        let wire = Shared::new(rec.clone(), BytesMut::new());
+        let activity = ConnActivity::for_tests();
+        let req = answering(false, true, false);
+        let r = write(
+            &wire,
+            &mut BytesMut::new(),
+            &mut Vec::new(),
+            Box::new(resp),
+            &req,
+            Duration::from_secs(1),
+            &activity,
+        )
+        .await;
+        (r, rec.writes())
+    }
+
+    #[tokio::test]
+    async fn a_small_body_goes_out_with_its_head_in_one_plain_write() {
+        let (r, writes) = recorded(Response::new(RespBody::full("hi"))).await;
+        assert!(r.unwrap());
+        assert_eq!(writes.len(), 1, "one write: {writes:?}");
+        let (vectored, bytes) = &writes[0];
+        assert!(!vectored, "a plain write, not writev");
+        let text = String::from_utf8_lossy(bytes);
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\nhi"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_large_body_goes_out_beside_its_head_uncopied() {
+        let body = vec![b'x'; crate::h1::GATHER + 1];
+        let (r, writes) = recorded(Response::new(RespBody::full(body.clone()))).await;
+        assert!(r.unwrap());
+        assert_eq!(writes.len(), 1, "one write: {writes:?}");
+        let (vectored, bytes) = &writes[0];
+        assert!(vectored, "head and body as two buffers of one writev");
+        assert!(bytes.ends_with(&body));
+        let head = String::from_utf8_lossy(&bytes[..bytes.len() - body.len()]);
+        assert!(
+            head.contains(&format!("\r\ncontent-length: {}\r\n", body.len())),
+            "{head}"
+        );
     }
 
     #[tokio::test]

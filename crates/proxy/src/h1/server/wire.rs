@@ -90,7 +90,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Shared<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.lock().io).poll_write_vectored(cx, bufs)
+        crate::h1::poll_write_gathered(Pin::new(&mut self.lock().io), cx, bufs)
     }
 
     /// Flushes what the stream holds (TLS).
