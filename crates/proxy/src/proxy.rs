@@ -401,12 +401,12 @@ fn logged_path(uri: &Uri) -> &str {
 /// The per-route family, and the per-peer counters of the peer that answered.
 fn count_by_route_and_peer(
     shared: &Shared,
-    info: &AttemptInfo,
+    info: &AttemptInfo<'_>,
     status: http::StatusCode,
     origin: &str,
 ) {
     let class = class(status);
-    if let Some(route) = &info.route {
+    if let Some(route) = info.route {
         shared.metrics.route_response(route, class);
     }
     if origin == "upstream" {
@@ -482,10 +482,15 @@ fn route_request<'s, 'p>(
     }
 }
 
+/// What the handler learns of a request's way upstream. `'s`: the state it was routed on.
 #[derive(Default)]
-struct AttemptInfo {
-    /// The matched route.
-    route: Option<RouteName>,
+struct AttemptInfo<'s> {
+    /// The matched route, borrowed from the state the request was routed on: a clone would
+    /// write the name's shared reference counts (three lines every serving thread writes)
+    /// per request, and its drop again (docs/benchmarks.md, "Reference counts every thread
+    /// writes").
+    route: Option<&'s RouteName>,
+    /// The peer of the last attempt.
     peer: Option<Arc<Peer>>,
     attempts: u32,
     /// The route answered itself (`redirect`, `respond`): the response is upkeep's.
@@ -498,7 +503,7 @@ struct AttemptInfo {
     target: Option<Uri>,
 }
 
-impl AttemptInfo {
+impl AttemptInfo<'_> {
     /// The body's byte counter, made at the first ask.
     fn body_counter(&mut self) -> Arc<AtomicU64> {
         self.bytes_in.get_or_insert_with(Default::default).clone()
@@ -609,13 +614,13 @@ impl Outgoing {
 /// `forward` under the panic boundary. A plain function, so that the handler's future holds
 /// the request's future once (passed to `CatchPanic::new` from an `async fn`, it would be
 /// held twice: the argument and the awaited value).
-fn caught_forward<'a>(
+fn caught_forward<'a, 's>(
     req: Box<DownRequest>,
     found: Found,
     ctx: &'a ConnCtx,
-    state: &'a State,
-    info: &'a mut AttemptInfo,
-) -> CatchPanic<impl std::future::Future<Output = Result<Resp, ProxyError>> + 'a> {
+    state: &'s State,
+    info: &'a mut AttemptInfo<'s>,
+) -> CatchPanic<impl std::future::Future<Output = Result<Resp, ProxyError>> + use<'a, 's>> {
     CatchPanic::new(forward(req, found, ctx, state, info))
 }
 
@@ -646,7 +651,7 @@ fn prepare<'s, 'r>(
     found: Found,
     ctx: &ConnCtx,
     state: &'s State,
-    info: &mut AttemptInfo,
+    info: &mut AttemptInfo<'s>,
     slot: &'r mut Option<Ready<'s>>,
 ) -> Result<Step<'r, 's>, ProxyError> {
     let Found {
@@ -678,7 +683,7 @@ fn prepare<'s, 'r>(
     let (host_value, host) = authority.unzip();
     let (route, path) = route_request(state, host, target.path()).map_err(invalid)?;
     let (route, route_name) = route.ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
-    info.route = Some(route_name.clone());
+    info.route = Some(route_name);
     // Route rules may change the forwarded path (`strip_prefix`, `rewrite`).
     let path = match rules::forwarded_path(route, &path) {
         Some(p) => Cow::Owned(p),
@@ -729,12 +734,13 @@ fn prepare<'s, 'r>(
             return Ok(Step::Answered(resp));
         }
     }
+    // Borrowed from the state, like the route: a clone would write the group's shared
+    // reference count per request.
     let group = route
         .group
         .as_ref()
         .and_then(|g| state.groups.get(g))
-        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?
-        .clone();
+        .ok_or_else(|| ProxyError::new(Kind::NoRoute))?;
     if let Some(max) = route_rules.max_body_bytes {
         // A declared length over the limit is refused before any byte of the body is read.
         if body_declared_over(req.body(), max) {
@@ -873,7 +879,7 @@ struct Ready<'s> {
     /// The request as it goes out; its body is set once the first frame is read
     /// (`forward`).
     out: Outgoing,
-    group: Arc<Group>,
+    group: &'s Arc<Group>,
     rules: &'s crate::config::RouteRules,
     /// An upgrade (WebSocket, extended CONNECT) to carry instead; boxed, like `values`, to
     /// keep what most requests carry small (it is written into memory gone cold, "Memory
@@ -919,13 +925,13 @@ impl Values {
 }
 
 #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
-fn forward<'a>(
+fn forward<'a, 's>(
     req: Box<DownRequest>,
     found: Found,
     ctx: &'a ConnCtx,
-    state: &'a State,
-    info: &'a mut AttemptInfo,
-) -> impl std::future::Future<Output = Result<Resp, ProxyError>> + Send + 'a {
+    state: &'s State,
+    info: &'a mut AttemptInfo<'s>,
+) -> impl std::future::Future<Output = Result<Resp, ProxyError>> + Send + use<'a, 's> {
     async move {
         let mut slot = None;
         // The retries' start, unless the client's body is awaited first.
@@ -938,7 +944,7 @@ fn forward<'a>(
             let out = &mut ready.out;
             out.materialize()?;
             let f = crate::upgrade::Forward {
-                group: &ready.group,
+                group: ready.group,
                 method: out.method.clone(),
                 uri: Uri::from(std::mem::replace(
                     &mut out.target,
@@ -1013,7 +1019,7 @@ fn forward<'a>(
         let call_start = call_limit.map(|_| Instant::now());
         let started = clock.unwrap_or_else(Instant::now);
         let resp =
-            send_with_retries(&ready.group, out, idempotent, cap, info, timeouts, started).await;
+            send_with_retries(ready.group, out, idempotent, cap, info, timeouts, started).await;
         // The request's fields went out with it: the map's memory serves the next message. A map
         // that never held any (fields kept as received) stays: taking it would make a new empty
         // one to drop as well.
@@ -1049,15 +1055,15 @@ fn body_declared_over(body: &DownBody, max: u64) -> bool {
 }
 
 #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
-fn send_with_retries<'a>(
+fn send_with_retries<'a, 's>(
     group: &'a Arc<Group>,
     out: &'a mut Outgoing,
     idempotent: bool,
     cap: Option<Duration>,
-    info: &'a mut AttemptInfo,
+    info: &'a mut AttemptInfo<'s>,
     timeouts: RouteTimeouts,
     started: Instant,
-) -> impl std::future::Future<Output = Result<Resp, ProxyError>> + Send + 'a {
+) -> impl std::future::Future<Output = Result<Resp, ProxyError>> + Send + use<'a, 's> {
     async move {
         let cfg = group.config();
         let deadline = started
@@ -1130,11 +1136,13 @@ fn send_with_retries<'a>(
                 },
             };
             info.attempts += 1;
-            info.peer = Some(peer.clone());
+            // Moved into `info` and borrowed from there: a clone would write the peer's shared
+            // reference count per request, and its drop again.
+            let peer = &*info.peer.insert(peer);
             let sent_at = now;
-            match attempt(group, &peer, out, deadline, try_timeout, now).await {
+            match attempt(group, peer, out, deadline, try_timeout, now).await {
                 Ok(resp) => {
-                    group.record_success(&peer, sent_at);
+                    group.record_success(peer, sent_at);
                     group.connect_window_recovered();
                     return Ok(resp);
                 }
@@ -1159,7 +1167,7 @@ fn send_with_retries<'a>(
                         group.record_connected(peer.addr());
                     }
                     if !err.is_peer_blameless() {
-                        group.record_failure(&peer, weight);
+                        group.record_failure(peer, weight);
                     }
                     tried.push(peer.addr());
                     // Idempotent requests are also retried after a reset before the response head

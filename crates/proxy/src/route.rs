@@ -9,7 +9,7 @@ use crate::metrics::{Metrics, RouteSeries};
 #[derive(Debug, Clone)]
 pub struct RouteTable {
     routes: Vec<RouteConfig>,
-    /// `names[i]` names `routes[i]`, made once so a request only clones two `Arc`s.
+    /// `names[i]` names `routes[i]`, made once; a request borrows it.
     names: Vec<RouteName>,
 }
 
