@@ -53,7 +53,9 @@ thread_local! {
 /// Measured on loopback TCP, a `writev(2)` of two buffers costs the kernel about 100 ns
 /// more than a `send(2)` of the same bytes, and one of a single buffer about 70 ns more
 /// (docs/benchmarks.md, "One send a message"); the copy of a few hundred bytes costs less.
-/// Over TLS the write makes one record instead of one per buffer.
+/// Over TLS the write makes one record instead of one per buffer. Every stream upkeep writes
+/// a proxied message to goes through it: the own server's wire, and the upstream and
+/// downstream streams hyper writes to (`pool::io::SharedIo`, `listener::Guarded`).
 pub(crate) fn poll_write_gathered<W: AsyncWrite + Unpin + ?Sized>(
     mut io: Pin<&mut W>,
     cx: &mut Context<'_>,
@@ -175,61 +177,94 @@ impl Streaming {
     }
 }
 
+/// A test stream that notes every write (vectored or not, and its bytes), taking at most
+/// `take` bytes a write; reads never come.
+#[cfg(test)]
+#[derive(Clone)]
+pub(crate) struct Recorder {
+    take: usize,
+    writes: Arc<std::sync::Mutex<Vec<Written>>>,
+}
+
+/// One write a [`Recorder`] took: whether it was vectored, and its bytes.
+#[cfg(test)]
+pub(crate) type Written = (bool, Vec<u8>);
+
+#[cfg(test)]
+impl Recorder {
+    /// Takes every byte offered.
+    pub(crate) fn new() -> Self {
+        Self::taking(usize::MAX)
+    }
+
+    /// Takes at most `take` bytes a write.
+    pub(crate) fn taking(take: usize) -> Self {
+        Self {
+            take,
+            writes: Default::default(),
+        }
+    }
+
+    /// The writes so far.
+    pub(crate) fn writes(&self) -> Vec<Written> {
+        self.writes.lock().unwrap().clone()
+    }
+
+    fn took(&self, vectored: bool, mut bytes: Vec<u8>) -> usize {
+        bytes.truncate(self.take);
+        let n = bytes.len();
+        self.writes.lock().unwrap().push((vectored, bytes));
+        n
+    }
+}
+
+#[cfg(test)]
+impl tokio::io::AsyncRead for Recorder {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+impl AsyncWrite for Recorder {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Ok(self.took(false, buf.to_vec())))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Ok(
+            self.took(true, bufs.iter().flat_map(|b| b.iter().copied()).collect())
+        ))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
 #[cfg(test)]
 mod gather_tests {
     use super::*;
-    use std::sync::Mutex;
-
-    /// Takes at most `take` bytes a write and notes each: vectored or not, its bytes.
-    struct Recorder {
-        take: usize,
-        writes: Mutex<Vec<(bool, Vec<u8>)>>,
-    }
-
-    impl Recorder {
-        fn new(take: usize) -> Self {
-            Self {
-                take,
-                writes: Mutex::new(Vec::new()),
-            }
-        }
-    }
-
-    impl AsyncWrite for Recorder {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            let n = buf.len().min(self.take);
-            self.writes.lock().unwrap().push((false, buf[..n].to_vec()));
-            Poll::Ready(Ok(n))
-        }
-
-        fn poll_write_vectored(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            bufs: &[IoSlice<'_>],
-        ) -> Poll<io::Result<usize>> {
-            let mut all: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
-            all.truncate(self.take);
-            let n = all.len();
-            self.writes.lock().unwrap().push((true, all));
-            Poll::Ready(Ok(n))
-        }
-
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
 
     fn gathered(rec: &mut Recorder, bufs: &[&[u8]]) -> usize {
         let slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
@@ -243,27 +278,24 @@ mod gather_tests {
 
     #[test]
     fn one_buffer_is_one_plain_write() {
-        let mut rec = Recorder::new(usize::MAX);
+        let mut rec = Recorder::new();
         assert_eq!(gathered(&mut rec, &[b"head"]), 4);
-        assert_eq!(*rec.writes.lock().unwrap(), vec![(false, b"head".to_vec())]);
+        assert_eq!(rec.writes(), vec![(false, b"head".to_vec())]);
     }
 
     #[test]
     fn small_buffers_are_put_together_into_one_plain_write() {
-        let mut rec = Recorder::new(usize::MAX);
+        let mut rec = Recorder::new();
         assert_eq!(gathered(&mut rec, &[b"head\r\n\r\n", b"", b"ok"]), 10);
-        assert_eq!(
-            *rec.writes.lock().unwrap(),
-            vec![(false, b"head\r\n\r\nok".to_vec())]
-        );
+        assert_eq!(rec.writes(), vec![(false, b"head\r\n\r\nok".to_vec())]);
     }
 
     #[test]
     fn buffers_over_the_limit_go_out_as_given() {
-        let mut rec = Recorder::new(usize::MAX);
+        let mut rec = Recorder::new();
         let big = vec![b'x'; GATHER];
         assert_eq!(gathered(&mut rec, &[b"h", &big]), GATHER + 1);
-        let writes = rec.writes.lock().unwrap();
+        let writes = rec.writes();
         assert_eq!(writes.len(), 1);
         assert!(writes[0].0, "vectored");
         assert_eq!(writes[0].1.len(), GATHER + 1);
@@ -273,11 +305,8 @@ mod gather_tests {
     fn a_short_write_counts_what_went_as_writev_would() {
         // The socket takes 6 of 10 bytes: the caller is told 6, the first buffer and two
         // bytes of the second, and sends the rest itself.
-        let mut rec = Recorder::new(6);
+        let mut rec = Recorder::taking(6);
         assert_eq!(gathered(&mut rec, &[b"abcd", b"efghij"]), 6);
-        assert_eq!(
-            *rec.writes.lock().unwrap(),
-            vec![(false, b"abcdef".to_vec())]
-        );
+        assert_eq!(rec.writes(), vec![(false, b"abcdef".to_vec())]);
     }
 }

@@ -421,13 +421,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let [one] = bufs {
-            // `send(2)`, not `writev(2)`: one buffer costs the kernel less as a plain send
-            // (no vector to import, no file write accounting).
-            return self.poll_write(cx, one);
-        }
         let this = &mut *self;
-        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        // One plain write where it can (`crate::h1::poll_write_gathered`).
+        let r = crate::h1::poll_write_gathered(Pin::new(&mut this.io), cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
             this.wrote(n, bufs.iter().map(|b| &**b));
         }

@@ -474,7 +474,7 @@ impl Upload {
                     *s = IoSlice::new(b);
                     k += 1;
                 }
-                match super::poll_write_gathered(Pin::new(&mut wire.io), cx, &slices[..k]) {
+                match Pin::new(&mut wire.io).poll_write_vectored(cx, &slices[..k]) {
                     Poll::Ready(Ok(0)) => {
                         self.fail_write(io::ErrorKind::WriteZero.into());
                         return Ok(true);

@@ -138,13 +138,11 @@ impl AsyncWrite for SharedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let [one] = bufs {
-            // `send(2)`, not `writev(2)` (`crate::listener::Guarded` says why).
-            return self.poll_write(cx, one);
-        }
+        // One plain write where it can (`crate::h1::poll_write_gathered`): the own codec's
+        // requests and hyper's alike.
         let n = ready!(match &mut self.stream {
-            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Plain(s) => crate::h1::poll_write_gathered(Pin::new(s), cx, bufs),
+            Transport::Tls(s) => crate::h1::poll_write_gathered(Pin::new(s), cx, bufs),
         })?;
         self.counters.written.fetch_add(n as u64, Ordering::Relaxed);
         Poll::Ready(Ok(n))

@@ -572,6 +572,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
 mod tests {
     use super::*;
     use crate::body::RespBody;
+    use crate::h1::{Recorder, Written};
     use http::Response;
     use tokio::io::AsyncReadExt;
 
@@ -650,76 +651,9 @@ mod tests {
         assert!(keep);
     }
 
-    /// A client's socket that takes every byte and notes each write: whether it was
-    /// vectored, and what it carried.
-    #[derive(Clone, Default)]
-    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<Write>>>);
-
-    /// One write: whether it was vectored, and its bytes.
-    type Write = (bool, Vec<u8>);
-
-    impl Recorder {
-        fn writes(&self) -> Vec<Write> {
-            self.0.lock().unwrap().clone()
-        }
-    }
-
-    impl AsyncRead for Recorder {
-        fn poll_read(
-            self: Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            _: &mut tokio::io::ReadBuf<'_>,
-        ) -> Poll<io::Result<()>> {
-            Poll::Pending
-        }
-    }
-
-    impl AsyncWrite for Recorder {
-        fn poll_write(
-            self: Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            self.0.lock().unwrap().push((false, buf.to_vec()));
-            Poll::Ready(Ok(buf.len()))
-        }
-
-        fn poll_write_vectored(
-            self: Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            bufs: &[IoSlice<'_>],
-        ) -> Poll<io::Result<usize>> {
-            let all = bufs
-                .iter()
-                .flat_map(|b| b.iter().copied())
-                .collect::<Vec<_>>();
-            let n = all.len();
-            self.0.lock().unwrap().push((true, all));
-            Poll::Ready(Ok(n))
-        }
-
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-
-        fn poll_flush(
-            self: Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(
-            self: Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
-
     /// `resp` written to a [`Recorder`]: the writer's result and the writes it made.
-    async fn recorded(resp: Response<RespBody>) -> (io::Result<bool>, Vec<Write>) {
-        let rec = Recorder::default();
+    async fn recorded(resp: Response<RespBody>) -> (io::Result<bool>, Vec<Written>) {
+        let rec = Recorder::new();
         let wire = Shared::new(rec.clone(), BytesMut::new());
         let activity = ConnActivity::for_tests();
         let req = answering(false, true, false);
