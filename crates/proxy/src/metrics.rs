@@ -13,7 +13,9 @@ mod upgrade;
 pub use exposition::{scrape, Format};
 pub use peers::PeerStats;
 pub(crate) use sharded::{Cells, PerThread};
-pub use sharded::{RouteFamily, RouteSeries, ShardedCounter, ShardedHistogram, SlotFamily};
+pub use sharded::{
+    RouteFamily, RouteSeries, ShardedCounter, ShardedGauge, ShardedHistogram, SlotFamily,
+};
 pub use upgrade::UpgradeMetrics;
 
 use std::sync::Arc;
@@ -154,7 +156,7 @@ pub struct Metrics {
     /// evicted.
     pub pool_events: SlotFamily<EventLabel>,
     /// Idle pooled upstream connections.
-    pub pool_idle: Gauge,
+    pub pool_idle: ShardedGauge,
     /// Requests replayed on a fresh connection after a reused one turned out closed.
     pub pool_stale_replays: Counter,
     /// DNS lookups by outcome.
@@ -242,7 +244,7 @@ impl Metrics {
             latency: ShardedHistogram::new(exponential_buckets(0.0005, 2.0, 18)),
             downstream_open: Gauge::default(),
             pool_events,
-            pool_idle: Gauge::default(),
+            pool_idle: ShardedGauge::default(),
             pool_stale_replays: Counter::default(),
             dns_lookups: Family::default(),
             dns_changes: Counter::default(),

@@ -690,7 +690,7 @@ impl Pool {
                         i += 1;
                     }
                 }
-                self.metrics.pool_idle.dec_by((before - list.len()) as i64);
+                self.metrics.pool_idle.dec_by((before - list.len()) as u64);
             }
             idle.retain(|_, l| !l.is_empty());
         }
@@ -735,7 +735,7 @@ impl Pool {
                     e.conn.left_idle();
                 }
             }
-            self.metrics.pool_idle.dec_by(n as i64);
+            self.metrics.pool_idle.dec_by(n as u64);
         }
     }
 }

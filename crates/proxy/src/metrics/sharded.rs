@@ -163,6 +163,54 @@ impl EncodeMetric for ShardedCounter {
     }
 }
 
+/// A gauge kept per thread, for a value every serving thread moves on every request (the
+/// pool's idle connections: one down at check-out, one up at check-in). One shared
+/// prometheus-client `Gauge` was a line both threads wrote per request. A thread's share may
+/// go below zero (a connection taken on one thread and counted back on another); the sum
+/// does not.
+#[derive(Clone, Debug)]
+pub struct ShardedGauge(Arc<Cells>);
+
+impl Default for ShardedGauge {
+    fn default() -> Self {
+        Self(Arc::new(Cells::new(1)))
+    }
+}
+
+impl ShardedGauge {
+    /// Adds one.
+    #[inline]
+    pub fn inc(&self) {
+        self.0.add(0, 1);
+    }
+
+    /// Takes one away.
+    #[inline]
+    pub fn dec(&self) {
+        self.0.sub(0, 1);
+    }
+
+    /// Takes `n` away.
+    pub fn dec_by(&self, n: u64) {
+        self.0.sub(0, n);
+    }
+
+    /// The value summed over every thread.
+    pub fn get(&self) -> i64 {
+        self.0.sum(0) as i64
+    }
+}
+
+impl EncodeMetric for ShardedGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
 /// A histogram with fixed buckets kept per thread, encoded as prometheus-client's
 /// `Histogram` is. The sum is kept in integer nanoseconds (exact, and one atomic add).
 #[derive(Clone, Debug)]
@@ -448,6 +496,29 @@ mod tests {
         assert_eq!(count, n);
         assert_eq!(buckets, vec![(0.001, 0), (0.01, n), (f64::INFINITY, 0)]);
         assert!((sum - 0.005 * n as f64).abs() < 1e-6, "{sum}");
+    }
+
+    #[test]
+    fn a_gauge_moved_up_on_one_thread_and_down_on_another_sums_right() {
+        let g = ShardedGauge::default();
+        let up = g.clone();
+        std::thread::spawn(move || (0..10).for_each(|_| up.inc()))
+            .join()
+            .unwrap();
+        // Another thread takes them away: its own share goes below zero.
+        let down = g.clone();
+        std::thread::spawn(move || {
+            (0..3).for_each(|_| down.dec());
+            down.dec_by(4);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(g.get(), 3);
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register("idle", "Idle.", g.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert!(text.contains("# TYPE idle gauge\nidle 3\n"), "{text}");
     }
 
     #[test]

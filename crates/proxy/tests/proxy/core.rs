@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use upkeep_test_support::{get, TestBackend};
 
-use crate::support::{metric, one_group, upkeep};
+use crate::support::{metric, metric_becomes, one_group, upkeep};
 
 #[tokio::test]
 async fn routes_by_host_and_longest_prefix_and_refuses_unrouted_with_no_route() {
@@ -120,6 +120,10 @@ async fn upstream_connections_are_reused_and_counted_in_metrics() {
         metric(&up, "upkeep_pool_connections_total{event=\"reused\"}").await,
         9.0
     );
+    // The one connection went back to the pool after the last response (checked in as its
+    // body ended, which may be just after the client has it): one idle connection, counted
+    // down at each of the nine check-outs and up at each of the ten check-ins.
+    metric_becomes(&up, "upkeep_pool_idle_connections ", 1.0).await;
     assert!(
         metric(
             &up,

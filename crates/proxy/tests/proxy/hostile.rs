@@ -12,7 +12,7 @@ use upkeep_proxy::server::{start_with, Running};
 use upkeep_test_support::load::open_loop;
 use upkeep_test_support::{get, raw_exchange, TestBackend};
 
-use crate::support::{metric, one_group, upkeep};
+use crate::support::{metric_becomes, one_group, upkeep};
 
 fn temp_file(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("upkeep-hostile-{}", std::process::id()));
@@ -62,19 +62,6 @@ fn with_listener_keys(cfg: String, keys: &str) -> String {
     )
 }
 
-/// The value of `series` once it is `want`, or its last value after about 5 s.
-async fn wait_for_metric(up: &Running, series: &str, want: f64) -> f64 {
-    let mut v = metric(up, series).await;
-    for _ in 0..100 {
-        if v == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        v = metric(up, series).await;
-    }
-    v
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_hosts_get_400_and_the_connection_gauge_returns_to_zero() {
     let b = TestBackend::start("b").await;
@@ -96,8 +83,7 @@ async fn invalid_hosts_get_400_and_the_connection_gauge_returns_to_zero() {
         1,
         "only the valid request reached the upstream"
     );
-    let open = wait_for_metric(&up, "upkeep_downstream_connections_open", 0.0).await;
-    assert_eq!(open, 0.0, "connections left open on the gauge");
+    metric_becomes(&up, "upkeep_downstream_connections_open", 0.0).await;
     // Still serving.
     assert_eq!(get(up.listeners[0], "a.test", "/").await.status, 200);
 }
@@ -150,8 +136,7 @@ async fn every_refused_request_is_in_the_access_log_and_counted_by_cause() {
         ("uri_too_long", 1.0),
         ("header_too_large", 1.0),
     ] {
-        let got = wait_for_metric(&up, &series(cause, "4xx"), want).await;
-        assert_eq!(got, want, "{cause}");
+        metric_becomes(&up, &series(cause, "4xx"), want).await;
     }
 
     let mut lines = Vec::new();
@@ -224,8 +209,7 @@ async fn a_client_that_leaves_while_waiting_for_headers_leaves_nothing_in_flight
         active, 0,
         "requests of departed clients still count as in flight"
     );
-    let open = wait_for_metric(&up, "upkeep_downstream_connections_open", 0.0).await;
-    assert_eq!(open, 0.0);
+    metric_becomes(&up, "upkeep_downstream_connections_open", 0.0).await;
 }
 
 /// The backend refuses connections for 3 s with a 500 ms connect retry window (the issue's

@@ -14,7 +14,9 @@ use upkeep_proxy::access_log::AccessLogger;
 use upkeep_proxy::server::start_with;
 use upkeep_test_support::{get, send, TestBackend};
 
-use crate::support::{metric, one_group, upkeep, upkeep_listener, with_listener_settings};
+use crate::support::{
+    metric, metric_becomes, one_group, upkeep, upkeep_listener, with_listener_settings,
+};
 
 /// Reads until EOF or `limit`; returns when the server closed, if it did.
 async fn closed_after(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
@@ -222,21 +224,6 @@ async fn stalling_backend(len: usize, sent: usize) -> SocketAddr {
         }
     });
     addr
-}
-
-async fn metric_becomes(up: &upkeep_proxy::server::Running, series: &str, want: f64) -> Duration {
-    let start = Instant::now();
-    loop {
-        if metric(up, series).await == want {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(8),
-            "{series} never became {want} (now {})",
-            metric(up, series).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]

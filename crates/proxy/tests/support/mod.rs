@@ -66,6 +66,23 @@ pub async fn metric(running: &Running, prefix: &str) -> f64 {
         .sum()
 }
 
+/// Waits until `series` reads `want` (see `metric`) and returns how long that took; fails the
+/// test if it has not after 8 s.
+pub async fn metric_becomes(running: &Running, series: &str, want: f64) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let now = metric(running, series).await;
+        if now == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(8),
+            "{series} never became {want} (now {now})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// A temporary directory for one test's files, removed on drop.
 pub struct TempDir(std::path::PathBuf);
 
