@@ -35,10 +35,13 @@ pub struct Wire<T> {
     io: T,
     /// Read but not yet consumed: a partial head, or body bytes.
     rbuf: BytesMut,
-    /// Where request heads and chunk-size lines are written; what is written is split off
-    /// into `pend`.
+    /// Where request heads and chunk-size lines are written. A head is written to the
+    /// socket from here (`wbuf[sent..]`, ahead of `pend`); what is written here once something
+    /// waits in `pend` is split off into it.
     wbuf: BytesMut,
-    /// Queued for the socket, in order.
+    /// Of `wbuf`, the bytes that went out (0 when it is empty).
+    sent: usize,
+    /// Queued for the socket after `wbuf[sent..]`, in order.
     pend: VecDeque<Bytes>,
     /// A write went out that TLS may still hold in its buffer.
     need_flush: bool,
@@ -54,6 +57,7 @@ impl<T> Wire<T> {
             io,
             rbuf: BytesMut::new(),
             wbuf: BytesMut::new(),
+            sent: 0,
             pend: VecDeque::new(),
             need_flush: false,
             timer: None,
@@ -92,12 +96,39 @@ impl<T> Wire<T> {
     /// The stream, for a hand-over to another HTTP client; `None` if bytes were read ahead
     /// (they would be lost, so the connection is not handed over).
     pub fn into_io(self) -> Option<T> {
-        (self.rbuf.is_empty() && self.pend.is_empty()).then_some(self.io)
+        self.is_clean().then_some(self.io)
     }
 
     /// Between two exchanges, nothing is pending either way.
     pub fn is_clean(&self) -> bool {
-        self.rbuf.is_empty() && self.pend.is_empty()
+        self.rbuf.is_empty() && !self.queued()
+    }
+
+    /// Bytes wait to be written.
+    fn queued(&self) -> bool {
+        self.sent < self.wbuf.len() || !self.pend.is_empty()
+    }
+
+    /// Queues the bytes `put` writes after everything queued: in `wbuf` while nothing waits
+    /// in `pend`, else split off into it.
+    fn queue_with(&mut self, put: impl FnOnce(&mut BytesMut)) {
+        if self.wbuf.capacity() == 0 {
+            self.wbuf = crate::spare::buffer();
+        }
+        if self.pend.is_empty() {
+            put(&mut self.wbuf);
+            return;
+        }
+        if !self.wbuf.is_empty() {
+            // What is left of the head goes ahead of the queue.
+            let mut head = self.wbuf.split();
+            head.advance(self.sent);
+            self.sent = 0;
+            self.pend.push_front(head.freeze());
+        }
+        put(&mut self.wbuf);
+        let added = self.wbuf.split().freeze();
+        self.pend.push_back(added);
     }
 
     /// Lets go of the buffers before the connection goes idle (`crate::spare::give_back`);
@@ -107,6 +138,7 @@ impl<T> Wire<T> {
             crate::spare::give_back(&mut self.rbuf);
         }
         crate::spare::give_back(&mut self.wbuf);
+        self.sent = 0;
     }
 
     /// Room for the next read: a buffer of the thread's when the connection holds none.
@@ -360,6 +392,7 @@ fn write_head<T>(
     if wire.wbuf.capacity() == 0 {
         wire.wbuf = crate::spare::buffer();
     }
+    debug_assert!(!wire.queued(), "a head is written between two exchanges");
     let w = &mut wire.wbuf;
     w.reserve(64 + target.len() + lines.len() + (headers.len() + 3) * 32);
     w.put_slice(method.as_str().as_bytes());
@@ -378,8 +411,7 @@ fn write_head<T>(
         w.put_slice(b"transfer-encoding: chunked\r\n");
     }
     w.put_slice(b"\r\n");
-    let h = w.split().freeze();
-    wire.pend.push_back(h);
+    // Written to the socket from `wbuf` (`Upload::poll_send`).
 }
 
 impl Upload {
@@ -400,9 +432,9 @@ impl Upload {
                 }
                 Enc::Chunked => {
                     use std::fmt::Write;
-                    let _ = write!(HexLine(&mut wire.wbuf), "{:x}\r\n", data.len());
-                    let line = wire.wbuf.split().freeze();
-                    wire.pend.push_back(line);
+                    wire.queue_with(|w| {
+                        let _ = write!(HexLine(w), "{:x}\r\n", data.len());
+                    });
                     wire.pend.push_back(data.clone());
                     wire.pend.push_back(Bytes::from_static(b"\r\n"));
                 }
@@ -421,19 +453,17 @@ impl Upload {
             Enc::Length(0) => Ok(()),
             Enc::Length(_) => Err("request body shorter than its Content-Length".into()),
             Enc::Chunked => {
-                let w = &mut wire.wbuf;
-                w.put_slice(b"0\r\n");
-                if let Some(t) = self.trailers.take() {
-                    for (name, value) in &t {
+                let trailers = self.trailers.take();
+                wire.queue_with(|w| {
+                    w.put_slice(b"0\r\n");
+                    for (name, value) in trailers.iter().flatten() {
                         w.put_slice(name.as_str().as_bytes());
                         w.put_slice(b": ");
                         w.put_slice(value.as_bytes());
                         w.put_slice(b"\r\n");
                     }
-                }
-                w.put_slice(b"\r\n");
-                let end = w.split().freeze();
-                wire.pend.push_back(end);
+                    w.put_slice(b"\r\n");
+                });
                 Ok(())
             }
         }
@@ -467,10 +497,14 @@ impl Upload {
             if self.broken {
                 return Ok(progress);
             }
-            while !wire.pend.is_empty() {
+            while wire.queued() {
                 let mut slices = [IoSlice::new(&[]); 16];
                 let mut k = 0;
-                for (s, b) in slices.iter_mut().zip(wire.pend.iter()) {
+                if wire.sent < wire.wbuf.len() {
+                    slices[0] = IoSlice::new(&wire.wbuf[wire.sent..]);
+                    k = 1;
+                }
+                for (s, b) in slices[k..].iter_mut().zip(wire.pend.iter()) {
                     *s = IoSlice::new(b);
                     k += 1;
                 }
@@ -483,6 +517,13 @@ impl Upload {
                         progress = true;
                         self.written_any = true;
                         wire.need_flush = true;
+                        let of_head = n.min(wire.wbuf.len() - wire.sent);
+                        wire.sent += of_head;
+                        n -= of_head;
+                        if wire.sent == wire.wbuf.len() {
+                            wire.wbuf.clear();
+                            wire.sent = 0;
+                        }
                         while n > 0 {
                             let front = wire.pend.front_mut().expect("written bytes were queued");
                             if n >= front.len() {

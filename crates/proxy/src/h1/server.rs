@@ -89,18 +89,21 @@ where
             // bytes) is gone before the wait below, so the connection's task does not keep
             // room for it while the connection is idle.
             let buffered = {
-                let (parsed, buffered) = {
+                // `drained`: nothing follows the head in the buffer (looked at under the
+                // same lock as the parse).
+                let (parsed, buffered, drained) = {
                     let mut w = wire.lock();
                     if w.rbuf.is_empty() {
-                        (Parsed::Partial, false)
+                        (Parsed::Partial, false, true)
                     } else {
-                        (request::parse(&mut w.rbuf, cfg.max_header_bytes), true)
+                        let parsed = request::parse(&mut w.rbuf, cfg.max_header_bytes);
+                        (parsed, true, w.rbuf.is_empty())
                     }
                 };
                 match parsed {
                     Parsed::Request(h) => {
                         activity.set_head_in_progress(false);
-                        break h;
+                        break (h, drained);
                     }
                     Parsed::HandOver => return hand_over(wire),
                     Parsed::Partial if buffered => activity.set_head_in_progress(true),
@@ -150,21 +153,24 @@ where
             }
         };
 
-        let request::Head {
-            mut request,
-            present,
-            keep_alive,
-            http10,
-            head_method,
-            body,
-        } = head;
+        let (
+            request::Head {
+                mut request,
+                present,
+                keep_alive,
+                http10,
+                head_method,
+                body,
+            },
+            drained,
+        ) = head;
         if let Some(framing) = body {
             *request.body_mut() = DownBody::Own(OwnBody::new(BodySource::start(&wire, framing)));
         }
         let accepts_trailers = present.has(Present::TE)
             && crate::trailers::accepted(request.headers(), request.version());
         // A client that closes meanwhile has left (`handled`).
-        let watch_eof = body.is_none() && wire.lock().rbuf.is_empty();
+        let watch_eof = body.is_none() && drained;
         // The handler and the response writer run in one box, allocated per request: held
         // inline, their state would be part of the connection task's memory for as long as
         // the connection lives, idle ones included. The handler is gone before the writer
@@ -182,9 +188,10 @@ where
                 close_pending = *close_now.borrow();
             }
             // A request body not read to its end leaves bytes that are not the next request:
-            // the connection ends with this response.
+            // the connection ends with this response. (Without a body there is nothing to
+            // have read, and no need to take the wire's lock to ask.)
             let answering = Answering {
-                keep_alive: keep_alive && !close_pending && wire.body_done(),
+                keep_alive: keep_alive && !close_pending && (body.is_none() || wire.body_done()),
                 http10,
                 head_method,
                 accepts_trailers,
@@ -212,6 +219,7 @@ where
         };
         activity.touch();
         match written {
+            Ok(true) if body.is_none() => {}
             Ok(true) if wire.body_done() => wire.lock().body = None,
             Ok(_) => {
                 close(&wire).await;

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::StatusCode;
 use http_body::Body;
@@ -365,7 +365,7 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
         if enc == Enc::Length(0) {
             // Nothing of the body goes out: it is dropped unread, as hyper did.
             drop(body);
-            out.write_all(&mut [wbuf.split().freeze()]).await?;
+            out.write_all(wbuf, &mut []).await?;
             return Ok(keep_alive);
         }
 
@@ -391,23 +391,24 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
                 Poll::Pending => {}
             }
         }
+        // What follows the head (in `wbuf`, written from there: no share of it split off per
+        // response) is queued in `pending`.
         pending.clear();
-        pending.push(wbuf.split().freeze());
         loop {
             // A frame at hand goes out with what is queued; none at hand: the queue goes now.
             let frame = if let Some(frame) = first.take() {
                 frame
-            } else if pending.is_empty() {
+            } else if wbuf.is_empty() && pending.is_empty() {
                 poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
-            } else if pending.len() >= 16 {
-                out.write_all(pending).await?;
+            } else if pending.len() >= 15 {
+                out.write_all(wbuf, pending).await?;
                 pending.clear();
                 continue;
             } else {
                 match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
                     Poll::Ready(f) => f,
                     Poll::Pending => {
-                        out.write_all(pending).await?;
+                        out.write_all(wbuf, pending).await?;
                         pending.clear();
                         continue;
                     }
@@ -424,14 +425,14 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
                         _ => {}
                     }
                     drop(body);
-                    out.write_all(pending).await?;
+                    out.write_all(wbuf, pending).await?;
                     return Ok(keep_alive);
                 }
                 Some(Err(e)) => {
                     // Cut mid-body: the client sees the close before the end.
                     drop(body);
-                    if !pending.is_empty() {
-                        let _ = out.write_all(pending).await;
+                    if !wbuf.is_empty() || !pending.is_empty() {
+                        let _ = out.write_all(wbuf, pending).await;
                     }
                     return Err(io::Error::other(e));
                 }
@@ -483,7 +484,7 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
                         pending.push(end.freeze());
                         // The trailers end the body.
                         drop(body);
-                        out.write_all(pending).await?;
+                        out.write_all(wbuf, pending).await?;
                         return Ok(keep_alive);
                     }
                 },
@@ -500,20 +501,30 @@ struct Out<'a, IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
-    /// Writes every byte of `bufs` and flushes; a write the client does not accept for
-    /// `send_timeout` fails (nginx's `send_timeout`, between two successive writes).
-    async fn write_all(&mut self, bufs: &mut [Bytes]) -> io::Result<()> {
+    /// Writes every byte of `head`, then of `bufs`, and flushes; `head` is left empty. A
+    /// write the client does not accept for `send_timeout` fails (nginx's `send_timeout`,
+    /// between two successive writes). The head is written from its buffer as it is: a
+    /// share of it split off to queue would cost two atomic reference counts per response.
+    async fn write_all(&mut self, head: &mut BytesMut, bufs: &mut [Bytes]) -> io::Result<()> {
+        // `head[..at]` went out.
+        let mut at = 0;
         let mut first = 0;
-        while first < bufs.len() {
-            if bufs[first].is_empty() {
+        loop {
+            while bufs.get(first).is_some_and(Bytes::is_empty) {
                 first += 1;
-                continue;
             }
             let mut slices = [IoSlice::new(&[]); 16];
             let mut k = 0;
-            for (s, b) in slices.iter_mut().zip(bufs[first..].iter()) {
+            if at < head.len() {
+                slices[0] = IoSlice::new(&head[at..]);
+                k = 1;
+            }
+            for (s, b) in slices[k..].iter_mut().zip(bufs[first..].iter()) {
                 *s = IoSlice::new(b);
                 k += 1;
+            }
+            if k == 0 {
+                break;
             }
             let wire = self.wire;
             let mut n = match self
@@ -523,6 +534,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
                 0 => return Err(io::ErrorKind::WriteZero.into()),
                 n => n,
             };
+            let of_head = n.min(head.len() - at);
+            at += of_head;
+            n -= of_head;
             while n > 0 {
                 let b = &mut bufs[first];
                 if n >= b.len() {
@@ -530,11 +544,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
                     *b = Bytes::new();
                     first += 1;
                 } else {
-                    let _ = b.split_to(n);
+                    b.advance(n);
                     n = 0;
                 }
             }
         }
+        head.clear();
         let wire = self.wire;
         self.bounded(|cx| wire.poll_flush(cx)).await
     }
