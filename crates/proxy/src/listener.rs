@@ -138,28 +138,36 @@ impl ConnActivity {
     }
 }
 
-/// Marks a request in flight on its connection until dropped (with the response body).
-pub struct InFlight(Arc<ConnActivity>);
+/// Marks a request in flight on its connection until dropped (with the response body). It
+/// holds the request's reference to the connection's context: the request's one count of
+/// it, not one for the context and another for the activity.
+pub struct InFlight(Arc<ConnCtx>);
 
 impl InFlight {
     /// Starts counting.
-    pub fn new(a: Arc<ConnActivity>) -> Self {
-        a.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(a)
+    pub fn new(ctx: Arc<ConnCtx>) -> Self {
+        ctx.activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(ctx)
+    }
+
+    /// The connection's context.
+    pub fn ctx(&self) -> &Arc<ConnCtx> {
+        &self.0
     }
 
     /// The connection's activity.
     pub fn activity(&self) -> &ConnActivity {
-        &self.0
+        &self.0.activity
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.touch();
-        if self.0.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+        let a = self.activity();
+        a.touch();
+        if a.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
             // Now idle: the idle deadline starts counting.
-            self.0.changed.notify_one();
+            a.changed.notify_one();
         }
     }
 }

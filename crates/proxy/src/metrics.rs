@@ -12,7 +12,7 @@ mod upgrade;
 
 pub use exposition::{scrape, Format};
 pub use peers::PeerStats;
-pub(crate) use sharded::{Cells, PerThread};
+pub(crate) use sharded::{claim as claim_shard, Cells, PerThread};
 pub use sharded::{
     RouteFamily, RouteSeries, ShardedCounter, ShardedGauge, ShardedHistogram, SlotFamily,
 };

@@ -128,12 +128,15 @@ pub(crate) fn handle_with(
 ) -> impl std::future::Future<Output = Result<Resp, Infallible>> + Send {
     async move {
         let start = Instant::now();
+        // The request's reference to its connection's context, held until its response
+        // body ends (`Done`).
+        let in_flight = InFlight::new(ctx);
+        let ctx = in_flight.ctx();
         // Borrowed, and the state taken through this thread's handle: the reference counts of
         // `Shared` and of the `State` are lines every serving thread would write per request
         // (docs/benchmarks.md, "How the design scales to 16 and 64 cores").
         let shared = &ctx.shared;
         shared.metrics.requests.inc();
-        let in_flight = InFlight::new(ctx.activity.clone());
         let state = shared.state_here();
         let version = req.version();
         let asks_upgrade = present.has(Present::UPGRADE) && crate::upgrade::asks(&req);
@@ -180,7 +183,7 @@ pub(crate) fn handle_with(
             new_id,
             start,
         };
-        let result = caught_forward(req, found, &ctx, &state, &mut info).await;
+        let result = caught_forward(req, found, ctx, &state, &mut info).await;
         // The target as received, for the warnings below (`prepare` moved it to `info`).
         let path = info.target.as_ref().map_or("", logged_path);
         let result = result.unwrap_or_else(|Panicked(why)| {
@@ -259,49 +262,49 @@ pub(crate) fn handle_with(
                 format: state.config.access_log_format,
             })
         });
+        // A tunnel is set going after `Done` took the request's reference to the connection:
+        // it takes one of its own.
+        let tunnel = crate::upgrade::take_tunnel(&ctx.activity.upgrade, asks_upgrade, &mut resp)
+            .map(|t| (t, ctx.clone()));
         let done = Done {
-            ctx: ctx.clone(),
             start,
             record,
             bytes_in: info.bytes_in.take(),
-            _in_flight: in_flight,
+            in_flight,
         };
-        // An upgraded connection logs its line when it ends, with the bytes it carried.
         let done = crate::expect::on_done(&mut resp, Box::new(done));
-        if let Some(done) =
-            crate::upgrade::finish(&ctx.activity.upgrade, asks_upgrade, &mut resp, done)
-        {
-            resp.body_mut().on_done(done);
+        match tunnel {
+            // An upgraded connection logs its line when it ends, with the bytes it carried.
+            Some((tunnel, ctx)) => crate::upgrade::start(&ctx.activity.upgrade, tunnel, done),
+            None => resp.body_mut().on_done(done),
         }
         Ok(resp)
     }
 }
 
 struct Done {
-    /// The connection's context (for `Shared`): its count of references is the
-    /// connection's, on its own thread.
-    ctx: Arc<ConnCtx>,
     start: Instant,
     /// `None` when the access log is off. Boxed: `Done` is moved into its own box per
     /// request, a pointer's worth rather than the whole line's when the log is off.
     record: Option<Box<Record>>,
     /// The request body's bytes, counted as they go upstream; `None`: it had none.
     bytes_in: Option<Arc<AtomicU64>>,
-    _in_flight: InFlight,
+    /// With the connection's context (for `Shared`): its count of references is the
+    /// connection's, on its own thread.
+    in_flight: InFlight,
 }
 
 impl OnDone for Done {
     fn done(self: Box<Self>, bytes: u64, complete: bool, cut: Option<Cut>) {
         let Done {
-            ctx,
             start,
             record,
             bytes_in,
-            _in_flight,
+            in_flight,
         } = *self;
-        let shared = &ctx.shared;
+        let shared = &in_flight.ctx().shared;
         let cut = cut.or_else(|| {
-            _in_flight
+            in_flight
                 .activity()
                 .send_timed_out()
                 .then_some(Cut::ClientSendTimeout)

@@ -377,26 +377,26 @@ async fn http1_instead(
     }
 }
 
-/// Called by the handler with the response about to go out: reports the outcome of a
-/// request that asked for an upgrade (`asks`), and when the response starts a tunnel,
-/// gives it the request's log line (written when the tunnel ends) and sets it going. Returns
-/// `done` when there is no tunnel, for the response body to call.
-pub(crate) fn finish(
+/// Called by the handler with the response about to go out: the tunnel it starts, if it
+/// starts one. A request that asked for an upgrade (`asks`) and got none is reported now.
+pub(crate) fn take_tunnel(
     conn: &ConnUpgrade,
     asks: bool,
     resp: &mut Response<RespBody>,
-    done: Box<dyn OnDone>,
-) -> Option<Box<dyn OnDone>> {
+) -> Option<Tunnel> {
     let tunnel = resp
         .extensions_mut()
         .remove::<Pending>()
         .and_then(|p| p.0.lock().unwrap().take());
-    let Some(mut tunnel) = tunnel else {
-        if asks {
-            conn.decide(false);
-        }
-        return Some(done);
-    };
+    if tunnel.is_none() && asks {
+        conn.decide(false);
+    }
+    tunnel
+}
+
+/// Gives the tunnel [`take_tunnel`] found the request's log line (written when the tunnel
+/// ends) and sets it going.
+pub(crate) fn start(conn: &ConnUpgrade, mut tunnel: Tunnel, done: Box<dyn OnDone>) {
     tunnel.set_done(done);
     if let Some(closing) = conn.closing.get() {
         tunnel.watch_shutdown(closing.clone());
@@ -408,5 +408,4 @@ pub(crate) fn finish(
         *conn.tunnel.lock().unwrap() = Some(tunnel);
         conn.decide(true);
     }
-    None
 }

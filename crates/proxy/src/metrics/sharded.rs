@@ -2,15 +2,16 @@
 //! request path never writes a cache line another thread writes (issue #12, "no shared cache
 //! lines on the hot path"; docs/observability.md, "Per-thread counters").
 //!
-//! Each thread takes a shard index the first time it counts anything (round robin over
-//! `shard_count()` shards, twice the CPUs rounded up to a power of two), and every value lives
-//! in one 128-byte-aligned block per shard. A thread only writes its own shard's block; a
-//! scrape reads every shard and adds them up. More threads than shards (blocking threads,
-//! a runtime larger than the CPU count) share a shard: the cells are atomics, so nothing is
-//! lost, two threads merely touch the same line.
+//! There are `shard_count()` shards, twice the CPUs rounded up to a power of two, and every
+//! value lives in one 128-byte-aligned block per shard. A serving thread holds a shard of the
+//! upper half alone ([`claim`]) and counts into it with plain loads and stores; any other
+//! thread takes a shard of the lower half the first time it counts (round robin) and counts
+//! with atomic adds, so that threads that share one (blocking threads, a runtime larger than
+//! the CPU count) lose nothing, they merely touch the same line. A thread only writes its own
+//! shard's block; a scrape reads every shard and adds them up.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -35,24 +36,73 @@ fn shard_count() -> usize {
     })
 }
 
+/// Set in a thread's shard word when it holds its shard alone ([`claim`]).
+const ALONE: usize = 1 << (usize::BITS - 1);
+
 thread_local! {
-    /// This thread's shard (`usize::MAX` until it first counts).
+    /// This thread's shard (`usize::MAX` until it first counts), with [`ALONE`] set while the
+    /// thread holds it alone.
     static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-/// The current thread's shard index.
+/// Which shards a thread holds alone: those of the upper half (at least as many as the
+/// CPUs) may be; the lower half are the other threads', never held alone. A thread that
+/// counts with atomic adds must never share a shard with one that holds it alone (a load
+/// and a store around its add would lose it), so the halves stay apart.
+static CLAIMED: [AtomicBool; 256] = [const { AtomicBool::new(false) }; 256];
+
+/// The current thread's shard word: its index, and [`ALONE`].
 #[inline]
-fn shard() -> usize {
+fn shard_word() -> usize {
     SHARD.with(|s| {
         let i = s.get();
         if i != usize::MAX {
             return i;
         }
+        // Not a serving thread (or one past the upper half): round robin over the lower
+        // half, counted in with atomic adds.
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let i = NEXT.fetch_add(1, Ordering::Relaxed) & (shard_count() - 1);
+        let i = NEXT.fetch_add(1, Ordering::Relaxed) & (shard_count() / 2 - 1);
         s.set(i);
         i
     })
+}
+
+/// The current thread's shard index.
+#[inline]
+fn shard() -> usize {
+    shard_word() & !ALONE
+}
+
+/// A serving thread's hold on a shard of its own, for as long as it lives: its counts are
+/// then a load and a store, not an atomic add (a `lock` instruction, about 20 cycles, several
+/// times per request). No other thread writes that shard meanwhile, and a scrape only reads.
+/// With every shard held (more serving threads than twice the CPUs), the thread counts
+/// into a shared one as other threads do.
+pub(crate) struct Claim(Option<usize>);
+
+/// Takes a shard for the current thread alone (see [`Claim`]).
+pub(crate) fn claim() -> Claim {
+    let n = shard_count();
+    let free = (n / 2..n).find(|&i| {
+        CLAIMED[i]
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    });
+    if let Some(i) = free {
+        SHARD.with(|s| s.set(i | ALONE));
+    }
+    Claim(free)
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            // Counted from now on as any other thread (if at all).
+            let _ = SHARD.try_with(|s| s.set(usize::MAX));
+            CLAIMED[i].store(false, Ordering::Release);
+        }
+    }
 }
 
 /// `slots` counters, one copy per shard.
@@ -78,16 +128,38 @@ impl Cells {
     /// Adds `n` to counter `slot` in this thread's shard.
     #[inline]
     pub(crate) fn add(&self, slot: usize, n: u64) {
-        let block = shard() * self.stride + slot / LANES;
-        self.blocks[block].0[slot % LANES].fetch_add(n, Ordering::Relaxed);
+        let (cell, alone) = self.cell(slot);
+        if alone {
+            cell.store(
+                cell.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        } else {
+            cell.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Takes `n` from counter `slot` in this thread's shard. A shard may go below zero (a
     /// count started on another thread); the sum wraps back.
     #[inline]
     pub(crate) fn sub(&self, slot: usize, n: u64) {
-        let block = shard() * self.stride + slot / LANES;
-        self.blocks[block].0[slot % LANES].fetch_sub(n, Ordering::Relaxed);
+        let (cell, alone) = self.cell(slot);
+        if alone {
+            cell.store(
+                cell.load(Ordering::Relaxed).wrapping_sub(n),
+                Ordering::Relaxed,
+            );
+        } else {
+            cell.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counter `slot` in this thread's shard, and whether the thread holds the shard alone.
+    #[inline]
+    fn cell(&self, slot: usize) -> (&AtomicU64, bool) {
+        let word = shard_word();
+        let block = (word & !ALONE) * self.stride + slot / LANES;
+        (&self.blocks[block].0[slot % LANES], word & ALONE != 0)
     }
 
     /// Counter `slot` summed over every shard.
@@ -496,6 +568,42 @@ mod tests {
         assert_eq!(count, n);
         assert_eq!(buckets, vec![(0.001, 0), (0.01, n), (f64::INFINITY, 0)]);
         assert!((sum - 0.005 * n as f64).abs() < 1e-6, "{sum}");
+    }
+
+    #[test]
+    fn threads_holding_shards_alone_and_threads_sharing_them_count_exactly() {
+        let cells = Arc::new(Cells::new(2));
+        let n = shard_count();
+        let threads: Vec<_> = (0..6)
+            .map(|t| {
+                let cells = cells.clone();
+                std::thread::spawn(move || {
+                    // Two threads hold a shard alone (when one is free: other tests' workers
+                    // may hold them all), four count into the shared half.
+                    let claim = (t < 2).then(claim);
+                    if let Some(Claim(Some(i))) = &claim {
+                        assert!((n / 2..n).contains(i), "held alone: {i} of {n}");
+                        assert_eq!(shard_word(), i | ALONE);
+                    } else {
+                        assert!(shard() < n / 2, "shared: {} of {n}", shard());
+                    }
+                    for _ in 0..100_000 {
+                        cells.add(0, 1);
+                        cells.add(1, 3);
+                        cells.sub(1, 1);
+                    }
+                    drop(claim);
+                    // Let go of: counted as any other thread from here on.
+                    assert!(shard_word() & ALONE == 0);
+                    cells.add(0, 1);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(cells.sum(0), 600_006);
+        assert_eq!(cells.sum(1), 1_200_000);
     }
 
     #[test]

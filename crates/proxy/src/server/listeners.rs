@@ -371,6 +371,8 @@ pub(crate) fn serve_worker(
     conns: TaskTracker,
 ) {
     crate::pool::set_worker(id);
+    // Its counts go into a shard of its own while it lives (`metrics::claim_shard`).
+    let _shard = crate::metrics::claim_shard();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
