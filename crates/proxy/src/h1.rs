@@ -33,7 +33,7 @@ pub use client::Wire;
 pub use server::request_invariants as server_request_invariants;
 
 use crate::error::BoxError;
-use crate::pool::{Conn, Pool};
+use crate::pool::{Conn, Handle};
 use client::{Read, Reading};
 
 /// The connection type the pool keeps for the codec.
@@ -86,7 +86,7 @@ pub(crate) fn poll_write_gathered<W: AsyncWrite + Unpin + ?Sized>(
 pub(crate) struct Streaming {
     conn: Option<Conn>,
     reading: Reading,
-    pool: Arc<Pool>,
+    pool: Arc<Handle>,
     /// Zero: not reused.
     idle: Duration,
     /// The end was returned.
@@ -97,7 +97,7 @@ pub(crate) struct Streaming {
 
 impl Streaming {
     /// Streams the body that `reading` reads from `conn`.
-    pub(crate) fn new(conn: Conn, reading: Reading, pool: Arc<Pool>, idle: Duration) -> Self {
+    pub(crate) fn new(conn: Conn, reading: Reading, pool: Arc<Handle>, idle: Duration) -> Self {
         Self {
             conn: Some(conn),
             reading,

@@ -307,6 +307,27 @@ type IdleMap = HashMap<(usize, SocketAddr), Vec<Idle>, crate::fxhash::FxBuild>;
 /// (a contended lock costs a futex call and a wake-up per request).
 const SHARDS: usize = 16;
 
+/// A serving thread's handle on a pool (`Group::pool_here`), which a response body holds
+/// until its connection is checked back in: its count of references is on a line of that
+/// thread's. A clone of the pool's own `Arc` per request was a line every serving thread
+/// wrote (docs/benchmarks.md, "How the design scales to 16 and 64 cores").
+pub struct Handle(Arc<Pool>);
+
+impl Handle {
+    /// A handle on `pool`.
+    pub fn new(pool: Arc<Pool>) -> Self {
+        Self(pool)
+    }
+}
+
+impl std::ops::Deref for Handle {
+    type Target = Pool;
+
+    fn deref(&self) -> &Pool {
+        &self.0
+    }
+}
+
 /// Pooled connections per peer address.
 pub struct Pool {
     cfg: PoolConfig,

@@ -1718,7 +1718,7 @@ fn send_own<'a>(
         // Made in its box (allocated first), not on the stack and copied in.
         let mut streaming = Box::write(
             Box::new_uninit(),
-            crate::h1::Streaming::new(conn, reading, group.pool().clone(), idle),
+            crate::h1::Streaming::new(conn, reading, group.pool_here(), idle),
         );
         streaming.set_raw_head(head.raw);
         Ok(Box::new(Response::from_parts(

@@ -14,7 +14,7 @@ use upkeep_discovery::{NameState, Outcome};
 use super::peer::{FailureEffect, Peer};
 use crate::config::{Balance, EndpointSource, GroupConfig};
 use crate::error::NoPeersReason;
-use crate::metrics::{Cells, GroupLabel, Metrics};
+use crate::metrics::{Cells, GroupLabel, Metrics, PerThread};
 use crate::pool::Pool;
 
 /// The current peers of a group, by tier.
@@ -65,6 +65,8 @@ pub struct Group {
     endpoint_addrs: Mutex<Vec<EndpointAddrs>>,
     rr: AtomicUsize,
     pool: Arc<Pool>,
+    /// Each serving thread's handle on `pool` (`Group::pool_here`).
+    pool_here: PerThread<Arc<crate::pool::Handle>>,
     metrics: Arc<Metrics>,
     /// Requests in flight (slot 0), counted per thread shard: every request writes it, only
     /// a retry reads the sum.
@@ -134,6 +136,7 @@ impl Group {
             peers: ArcSwap::from_pointee(PeerSet::default()),
             endpoint_addrs: Mutex::new(endpoint_addrs),
             rr: AtomicUsize::new(0),
+            pool_here: PerThread::new(|| Arc::new(crate::pool::Handle::new(pool.clone()))),
             pool,
             metrics,
             active_requests: Cells::new(1),
@@ -242,6 +245,7 @@ impl Group {
             peers: ArcSwap::new(prev.peers()),
             endpoint_addrs: Mutex::new(endpoint_addrs),
             rr: AtomicUsize::new(prev.rr.load(Ordering::Relaxed)),
+            pool_here: PerThread::new(|| Arc::new(crate::pool::Handle::new(pool.clone()))),
             pool,
             metrics,
             active_requests: Cells::new(1),
@@ -289,6 +293,11 @@ impl Group {
     /// The pool.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// This thread's handle on the pool, to hold past the request's own borrow of the group.
+    pub(crate) fn pool_here(&self) -> Arc<crate::pool::Handle> {
+        self.pool_here.here().clone()
     }
 
     /// The current peer set.
