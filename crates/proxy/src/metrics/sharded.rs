@@ -128,8 +128,10 @@ impl Cells {
     /// Adds `n` to counter `slot` in this thread's shard.
     #[inline]
     pub(crate) fn add(&self, slot: usize, n: u64) {
-        let (cell, alone) = self.cell(slot);
-        if alone {
+        let word = shard_word();
+        let block = (word & !ALONE) * self.stride + slot / LANES;
+        let cell = &self.blocks[block].0[slot % LANES];
+        if word & ALONE != 0 {
             cell.store(
                 cell.load(Ordering::Relaxed).wrapping_add(n),
                 Ordering::Relaxed,
@@ -143,23 +145,8 @@ impl Cells {
     /// count started on another thread); the sum wraps back.
     #[inline]
     pub(crate) fn sub(&self, slot: usize, n: u64) {
-        let (cell, alone) = self.cell(slot);
-        if alone {
-            cell.store(
-                cell.load(Ordering::Relaxed).wrapping_sub(n),
-                Ordering::Relaxed,
-            );
-        } else {
-            cell.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Counter `slot` in this thread's shard, and whether the thread holds the shard alone.
-    #[inline]
-    fn cell(&self, slot: usize) -> (&AtomicU64, bool) {
-        let word = shard_word();
-        let block = (word & !ALONE) * self.stride + slot / LANES;
-        (&self.blocks[block].0[slot % LANES], word & ALONE != 0)
+        // Adding wraps (the atomic add as the plain one): adding -n takes n away.
+        self.add(slot, n.wrapping_neg());
     }
 
     /// Counter `slot` summed over every shard.
@@ -238,38 +225,32 @@ impl EncodeMetric for ShardedCounter {
 /// A gauge kept per thread, for a value every serving thread moves on every request (the
 /// pool's idle connections: one down at check-out, one up at check-in). One shared
 /// prometheus-client `Gauge` was a line both threads wrote per request. A thread's share may
-/// go below zero (a connection taken on one thread and counted back on another); the sum
-/// does not.
-#[derive(Clone, Debug)]
-pub struct ShardedGauge(Arc<Cells>);
-
-impl Default for ShardedGauge {
-    fn default() -> Self {
-        Self(Arc::new(Cells::new(1)))
-    }
-}
+/// go below zero (a connection taken on one thread and counted back on another): a counter's
+/// cells, which wrap, and the sum wraps back.
+#[derive(Clone, Debug, Default)]
+pub struct ShardedGauge(ShardedCounter);
 
 impl ShardedGauge {
     /// Adds one.
     #[inline]
     pub fn inc(&self) {
-        self.0.add(0, 1);
+        self.0.inc();
     }
 
     /// Takes one away.
     #[inline]
     pub fn dec(&self) {
-        self.0.sub(0, 1);
+        self.dec_by(1);
     }
 
     /// Takes `n` away.
     pub fn dec_by(&self, n: u64) {
-        self.0.sub(0, n);
+        self.0 .0.sub(0, n);
     }
 
     /// The value summed over every thread.
     pub fn get(&self) -> i64 {
-        self.0.sum(0) as i64
+        self.0.get() as i64
     }
 }
 
