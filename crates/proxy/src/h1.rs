@@ -47,6 +47,28 @@ thread_local! {
     static GATHERED: RefCell<[u8; GATHER]> = const { RefCell::new([0; GATHER]) };
 }
 
+/// Fills `slices` for one vectored write from a message's writer: `head`, the bytes still to
+/// go of the head in the writer's own buffer (none: left out), then as many of `queued` as
+/// fit. Returns how many are set. (Filled in place: an array of slices returned by value
+/// cost about 240 instructions a request, `bench/instructions.sh`.)
+#[inline]
+pub(crate) fn write_slices<'a>(
+    slices: &mut [IoSlice<'a>; 16],
+    head: &'a [u8],
+    queued: impl Iterator<Item = &'a Bytes>,
+) -> usize {
+    let mut k = 0;
+    if !head.is_empty() {
+        slices[0] = IoSlice::new(head);
+        k = 1;
+    }
+    for (s, b) in slices[k..].iter_mut().zip(queued) {
+        *s = IoSlice::new(b);
+        k += 1;
+    }
+    k
+}
+
 /// Writes some of `bufs` to `io`, as `writev` would, with the fewest bytes moved around:
 /// one buffer goes out as a plain write (`send(2)`), and several that fit in [`GATHER`]
 /// bytes (a response head and a small body) are copied together and written as one.

@@ -314,9 +314,9 @@ const SHARDS: usize = 16;
 pub struct Handle(Arc<Pool>);
 
 impl Handle {
-    /// A handle on `pool`.
-    pub fn new(pool: Arc<Pool>) -> Self {
-        Self(pool)
+    /// One handle on `pool` per thread shard.
+    pub(crate) fn per_thread(pool: &Arc<Pool>) -> crate::metrics::PerThread<Arc<Handle>> {
+        crate::metrics::PerThread::new(|| Arc::new(Handle(pool.clone())))
     }
 }
 

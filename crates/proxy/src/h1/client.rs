@@ -112,11 +112,8 @@ impl<T> Wire<T> {
     /// Queues the bytes `put` writes after everything queued: in `wbuf` while nothing waits
     /// in `pend`, else split off into it.
     fn queue_with(&mut self, put: impl FnOnce(&mut BytesMut)) {
-        if self.wbuf.capacity() == 0 {
-            self.wbuf = crate::spare::buffer();
-        }
         if self.pend.is_empty() {
-            put(&mut self.wbuf);
+            put(self.wbuf());
             return;
         }
         if !self.wbuf.is_empty() {
@@ -126,9 +123,17 @@ impl<T> Wire<T> {
             self.sent = 0;
             self.pend.push_front(head.freeze());
         }
-        put(&mut self.wbuf);
+        put(self.wbuf());
         let added = self.wbuf.split().freeze();
         self.pend.push_back(added);
+    }
+
+    /// The write buffer: one of the thread's (`crate::spare`) when the connection holds none.
+    fn wbuf(&mut self) -> &mut BytesMut {
+        if self.wbuf.capacity() == 0 {
+            self.wbuf = crate::spare::buffer();
+        }
+        &mut self.wbuf
     }
 
     /// Lets go of the buffers before the connection goes idle (`crate::spare::give_back`);
@@ -389,11 +394,8 @@ fn write_head<T>(
 ) {
     let target = target.as_str();
     let lines = received.map_or(&[][..], super::fields::RawFields::lines);
-    if wire.wbuf.capacity() == 0 {
-        wire.wbuf = crate::spare::buffer();
-    }
     debug_assert!(!wire.queued(), "a head is written between two exchanges");
-    let w = &mut wire.wbuf;
+    let w = wire.wbuf();
     w.reserve(64 + target.len() + lines.len() + (headers.len() + 3) * 32);
     w.put_slice(method.as_str().as_bytes());
     w.put_u8(b' ');
@@ -499,15 +501,7 @@ impl Upload {
             }
             while wire.queued() {
                 let mut slices = [IoSlice::new(&[]); 16];
-                let mut k = 0;
-                if wire.sent < wire.wbuf.len() {
-                    slices[0] = IoSlice::new(&wire.wbuf[wire.sent..]);
-                    k = 1;
-                }
-                for (s, b) in slices[k..].iter_mut().zip(wire.pend.iter()) {
-                    *s = IoSlice::new(b);
-                    k += 1;
-                }
+                let k = super::write_slices(&mut slices, &wire.wbuf[wire.sent..], wire.pend.iter());
                 match Pin::new(&mut wire.io).poll_write_vectored(cx, &slices[..k]) {
                     Poll::Ready(Ok(0)) => {
                         self.fail_write(io::ErrorKind::WriteZero.into());

@@ -15,7 +15,7 @@ use super::peer::{FailureEffect, Peer};
 use crate::config::{Balance, EndpointSource, GroupConfig};
 use crate::error::NoPeersReason;
 use crate::metrics::{Cells, GroupLabel, Metrics, PerThread};
-use crate::pool::Pool;
+use crate::pool::{Handle, Pool};
 
 /// The current peers of a group, by tier.
 #[derive(Debug, Default)]
@@ -66,7 +66,7 @@ pub struct Group {
     rr: AtomicUsize,
     pool: Arc<Pool>,
     /// Each serving thread's handle on `pool` (`Group::pool_here`).
-    pool_here: PerThread<Arc<crate::pool::Handle>>,
+    pool_here: PerThread<Arc<Handle>>,
     metrics: Arc<Metrics>,
     /// Requests in flight (slot 0), counted per thread shard: every request writes it, only
     /// a retry reads the sum.
@@ -136,7 +136,7 @@ impl Group {
             peers: ArcSwap::from_pointee(PeerSet::default()),
             endpoint_addrs: Mutex::new(endpoint_addrs),
             rr: AtomicUsize::new(0),
-            pool_here: PerThread::new(|| Arc::new(crate::pool::Handle::new(pool.clone()))),
+            pool_here: Handle::per_thread(&pool),
             pool,
             metrics,
             active_requests: Cells::new(1),
@@ -245,7 +245,7 @@ impl Group {
             peers: ArcSwap::new(prev.peers()),
             endpoint_addrs: Mutex::new(endpoint_addrs),
             rr: AtomicUsize::new(prev.rr.load(Ordering::Relaxed)),
-            pool_here: PerThread::new(|| Arc::new(crate::pool::Handle::new(pool.clone()))),
+            pool_here: Handle::per_thread(&pool),
             pool,
             metrics,
             active_requests: Cells::new(1),
@@ -296,7 +296,7 @@ impl Group {
     }
 
     /// This thread's handle on the pool, to hold past the request's own borrow of the group.
-    pub(crate) fn pool_here(&self) -> Arc<crate::pool::Handle> {
+    pub(crate) fn pool_here(&self) -> Arc<Handle> {
         self.pool_here.here().clone()
     }
 

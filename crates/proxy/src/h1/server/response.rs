@@ -514,15 +514,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Out<'_, IO> {
                 first += 1;
             }
             let mut slices = [IoSlice::new(&[]); 16];
-            let mut k = 0;
-            if at < head.len() {
-                slices[0] = IoSlice::new(&head[at..]);
-                k = 1;
-            }
-            for (s, b) in slices[k..].iter_mut().zip(bufs[first..].iter()) {
-                *s = IoSlice::new(b);
-                k += 1;
-            }
+            let k = crate::h1::write_slices(&mut slices, &head[at..], bufs[first..].iter());
             if k == 0 {
                 break;
             }
