@@ -12,7 +12,11 @@
 #   BENCH_THREADS      wrk threads                         (default 2)
 #   BENCH_CONNECTIONS  wrk connections, one table section per value (default "64 256")
 #   BENCH_TARGETS      rows at the first concurrency, in order (default: direct upkeep upkeep-log
-#                      nginx nginx-log haproxy)
+#                      nginx nginx-log haproxy upkeep-unpinned nginx-pinned haproxy-pinned).
+#                      upkeep holds each serving thread to its own CPU by default
+#                      (`--cpu-affinity auto`); upkeep-unpinned runs it with `--cpu-affinity off`,
+#                      nginx-pinned with `worker_cpu_affinity auto`, haproxy-pinned with `cpu-map`:
+#                      the same choice made both ways for every proxy
 #   BENCH_HIGH_TARGETS rows at the other concurrencies (default: direct upkeep nginx haproxy)
 #   BENCH_UPKEEP_WORKERS  space-separated `--workers` counts; adds one upkeep row per count at
 #                         the first concurrency (default "1 2"; the plain upkeep row runs one
@@ -47,7 +51,7 @@ WARMUP=${BENCH_WARMUP:-2s}
 THREADS=${BENCH_THREADS:-2}
 CONNECTION_LIST=${BENCH_CONNECTIONS:-64 256}
 CONNECTIONS=${CONNECTION_LIST%% *}
-TARGETS=${BENCH_TARGETS:-direct upkeep upkeep-log nginx nginx-log haproxy}
+TARGETS=${BENCH_TARGETS:-direct upkeep upkeep-log nginx nginx-log haproxy upkeep-unpinned nginx-pinned haproxy-pinned}
 HIGH_TARGETS=${BENCH_HIGH_TARGETS-direct upkeep nginx haproxy}
 for n in ${BENCH_UPKEEP_WORKERS-1 2}; do
     TARGETS="$TARGETS upkeep-w$n"
@@ -124,16 +128,18 @@ EOF
     wait_ok "$backend_port" "backend nginx"
 }
 
-# start_nginx DIR PORT LOG: nginx 1.22 as a reverse proxy with upstream keep-alive set up
-# the way its docs require (HTTP/1.1, cleared Connection header, keepalive pool).
+# start_nginx DIR PORT LOG [PINNED]: nginx 1.22 as a reverse proxy with upstream keep-alive
+# set up the way its docs require (HTTP/1.1, cleared Connection header, keepalive pool);
+# PINNED=on holds each worker to its own CPU (`worker_cpu_affinity auto`).
 start_nginx() {
-    local dir=$1 port=$2 log=$3
+    local dir=$1 port=$2 log=$3 pinned=${4:-off}
     mkdir -p "$dir"
     local access="access_log off;"
     [[ $log == on ]] && access="access_log $dir/access.log;"
     {
         nginx_common "$dir"
         echo "worker_processes auto;"
+        [[ $pinned == on ]] && echo "worker_cpu_affinity auto;"
         echo "http {"
         nginx_http_common "$dir"
         echo "    $access"
@@ -145,23 +151,39 @@ start_nginx() {
     wait_ok "$port" "nginx"
 }
 
+# The CPUs this script may run on, one a line.
+allowed_cpus() {
+    awk '/^Cpus_allowed_list/ { print $2 }' /proc/self/status | tr ',' '\n' |
+        while IFS=- read -r a b; do seq "$a" "${b:-$a}"; done
+}
+
+# start_haproxy DIR PORT [PINNED]: two threads; PINNED=on holds each to its own CPU (`cpu-map`,
+# the first two CPUs this script may run on).
 start_haproxy() {
-    local dir=$1 port=$2
+    local dir=$1 port=$2 pinned=${3:-off}
     mkdir -p "$dir"
     haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$backend_port"
+    if [[ $pinned == on ]]; then
+        local cpus
+        cpus=$(allowed_cpus | head -2 | paste -sd,)
+        [[ $cpus == *,* ]] || die "haproxy-pinned needs two CPUs (allowed: $(allowed_cpus | paste -sd,))"
+        sed -i "s/^    nbthread 2\$/&\n    cpu-map auto:1\/1-2 $cpus/" "$dir/haproxy.cfg"
+        grep -q "^    cpu-map" "$dir/haproxy.cfg" || die "haproxy-pinned: cpu-map not written"
+    fi
     "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_ok "$port" "haproxy"
 }
 
-# start_upkeep DIR PORT ADMIN LOG WORKERS
+# start_upkeep DIR PORT ADMIN LOG WORKERS [AFFINITY]
 start_upkeep() {
-    local dir=$1 port=$2 admin=$3 log=$4 workers=$5
+    local dir=$1 port=$2 admin=$3 log=$4 workers=$5 affinity=${6:-}
     mkdir -p "$dir"
     local dest=off
     [[ $log == on ]] && dest=$dir/access.log
     local extra=()
     [[ -n $workers ]] && extra=(--workers "$workers")
+    [[ -n $affinity ]] && extra+=(--cpu-affinity "$affinity")
     "$UPKEEP" serve --listen "127.0.0.1:$port" \
         --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
         --access-log "$dest" --log-level warn "${extra[@]}" >"$dir/stdout" 2>"$dir/stderr" &
@@ -278,29 +300,33 @@ run_target() {
     direct)
         measure "$name" "$backend_port" "$backend_pid"
         ;;
-    upkeep | upkeep-log | upkeep-w*)
+    upkeep | upkeep-log | upkeep-w* | upkeep-unpinned)
         free_port port
         free_port admin
-        local log=off workers=
+        local log=off workers= affinity=
         [[ $t == upkeep-log ]] && log=on
         [[ $t == upkeep-w* ]] && workers=${t#upkeep-w}
-        start_upkeep "$dir" "$port" "$admin" "$log" "$workers"
+        [[ $t == upkeep-unpinned ]] && affinity=off
+        start_upkeep "$dir" "$port" "$admin" "$log" "$workers" "$affinity"
         measure "$name" "$port" "${pids[-1]}"
         upkeep_notes "$name" "$admin" "$dir" "$log"
         stop "${pids[-1]}"
         ;;
-    nginx | nginx-log)
+    nginx | nginx-log | nginx-pinned)
         free_port port
-        local log=off
+        local log=off pinned=off
         [[ $t == nginx-log ]] && log=on
-        start_nginx "$dir" "$port" "$log"
+        [[ $t == nginx-pinned ]] && pinned=on
+        start_nginx "$dir" "$port" "$log" "$pinned"
         measure "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         nginx_notes "$name" "$dir" "$log"
         ;;
-    haproxy)
+    haproxy | haproxy-pinned)
         free_port port
-        start_haproxy "$dir" "$port"
+        local pinned=off
+        [[ $t == haproxy-pinned ]] && pinned=on
+        start_haproxy "$dir" "$port" "$pinned"
         measure "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         ;;
@@ -722,6 +748,18 @@ if [[ -n ${cpu[$n]:-} && ${cpu[$n]} != - && -n ${cpu_wrk[$n]:-} ]]; then
         -v b="${cpu_backend[$n]}" 'BEGIN {
             t = w + b + p; c = r * t / (t - pu)
             printf "%.0f req/s = %.2fx nginx (per request: wrk %.1f us, backend %.1f us, nginx %.1f us of which user %.1f)", c, c / r, w, b, p, pu }')"
+fi
+# The same CPU choice made for every proxy: upkeep (its threads on their own CPUs by default)
+# against nginx and HAProxy held to their CPUs the same way, and upkeep left to the scheduler.
+ul=upkeep@c$lo pn=${rps[nginx-pinned@c$lo]:-} ph=${rps[haproxy-pinned@c$lo]:-}
+if [[ -n $pn && -n $ph ]]; then
+    bestp=$(awk -v a="$pn" -v b="$ph" 'BEGIN { print (a + 0 > b + 0 ? a : b) }')
+    printf 'INFO  %-52s %s\n' "c$lo vs peers held to CPUs too" \
+        "upkeep ${rps[$ul]:-?} req/s p99 ${p99[$ul]:-?} ms; nginx-pinned ${pn} p99 ${p99[nginx-pinned@c$lo]}; haproxy-pinned ${ph} p99 ${p99[haproxy-pinned@c$lo]} ($(ratio "${rps[$ul]:-}" "$bestp")x the faster)"
+fi
+if [[ -n ${rps[upkeep-unpinned@c$lo]:-} ]]; then
+    printf 'INFO  %-52s %s\n' "c$lo upkeep --cpu-affinity off" \
+        "${rps[upkeep-unpinned@c$lo]} req/s p99 ${p99[upkeep-unpinned@c$lo]} ms (auto: ${rps[$ul]:-?} req/s p99 ${p99[$ul]:-?} ms)"
 fi
 w1=${rps[upkeep-w1@c$lo]:-} w2=${rps[upkeep-w2@c$lo]:-}
 if [[ -n $w1 && -n $w2 ]]; then

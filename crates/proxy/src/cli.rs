@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// hands new ones to the least busy. Default: one per CPU.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+    /// Which CPU each serving thread runs on: `auto` holds one thread to each CPU this process
+    /// may run on when there are as many threads as CPUs (otherwise none); `off` leaves them
+    /// to the scheduler; a list (`0,2,4-7`) names one CPU per thread.
+    #[arg(long, value_name = "auto|off|LIST", default_value = "auto")]
+    pub cpu_affinity: crate::server::affinity::CpuAffinity,
     /// Diagnostics level on stderr: error, warn, info, debug, trace (release builds have no
     /// trace-level diagnostics: trace shows debug, with a warning).
     #[arg(long, default_value = "info")]
@@ -234,6 +239,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
+    let cpus = match crate::server::affinity::plan(&args.cpu_affinity, workers) {
+        Ok(plan) => {
+            tracing::info!("{}", plan.why);
+            plan.cpus
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     // The control runtime (signals, discovery, checks, admin) is small; serving threads are
     // separate (see server::start_workers).
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -241,12 +256,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     let pinned = args.access_log.is_some().then(|| cfg.access_log.clone());
-    rt.block_on(crate::server::run(
-        cfg,
-        args.config.clone(),
-        workers,
-        pinned,
-    ))?;
+    rt.block_on(crate::server::run(cfg, args.config.clone(), cpus, pinned))?;
     Ok(ExitCode::SUCCESS)
 }
 

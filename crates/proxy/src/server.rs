@@ -14,6 +14,7 @@ use crate::config::{AccessLog, Config};
 use crate::metrics::{GroupLabel, Metrics};
 use crate::state::{Shared, State};
 
+pub mod affinity;
 mod bind;
 mod handover;
 pub(crate) mod listeners;
@@ -130,17 +131,19 @@ pub async fn start_workers(
     access_log: AccessLogger,
     workers: usize,
 ) -> Result<Running, StartError> {
-    start_inner(config, config_path, access_log, workers, None).await
+    start_inner(config, config_path, access_log, &vec![None; workers], None).await
 }
 
-/// `start_workers`, taking the sockets handed over by an upgraded process first.
+/// `start_workers` with one serving thread per entry of `cpus`, each held to its CPU when it
+/// names one (`affinity::plan`), taking the sockets handed over by an upgraded process first.
 async fn start_inner(
     config: Config,
     config_path: Option<PathBuf>,
     access_log: AccessLogger,
-    workers: usize,
+    cpus: &[Option<usize>],
     inherited: Option<Arc<Inherited>>,
 ) -> Result<Running, StartError> {
+    let workers = cpus.len();
     crate::boundary::install_panic_hook();
     let metrics = Metrics::with_access_log_dropped(access_log.dropped_counter());
     let config = Arc::new(config);
@@ -188,11 +191,11 @@ async fn start_inner(
             what: "admin",
             source,
         })?;
-    for (i, rx) in receivers.into_iter().enumerate() {
+    for (i, (rx, &cpu)) in receivers.into_iter().zip(cpus).enumerate() {
         let (shared, conns) = (shared.clone(), conns.clone());
         std::thread::Builder::new()
             .name(format!("upkeep-worker-{}", i + 1))
-            .spawn(move || listeners::serve_worker(i + 1, rx, shared, conns))
+            .spawn(move || listeners::serve_worker(i + 1, cpu, rx, shared, conns))
             .map_err(|e| StartError::State(format!("starting worker threads: {e}")))?;
     }
     for (socks, live) in bound {
@@ -397,13 +400,14 @@ async fn degraded_monitor(shared: Arc<Shared>) {
 }
 
 /// Runs until SIGTERM/SIGINT (drain), with SIGHUP reloading, SIGUSR1 reopening the access
-/// log and SIGUSR2 upgrading the binary. `pinned_access_log` (from the command line) wins
-/// over the file's, reloads included. Started by an upgrade, it takes the old process's
-/// sockets and tells it when it is ready.
+/// log and SIGUSR2 upgrading the binary, with one serving thread per entry of `cpus` (see
+/// `start_inner`). `pinned_access_log` (from the command line) wins over the file's, reloads
+/// included. Started by an upgrade, it takes the old process's sockets and tells it when it
+/// is ready.
 pub async fn run(
     config: Config,
     config_path: Option<PathBuf>,
-    workers: usize,
+    cpus: Vec<Option<usize>>,
     pinned_access_log: Option<AccessLog>,
 ) -> Result<(), StartError> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -420,7 +424,7 @@ pub async fn run(
     };
     let started = async {
         let access_log = AccessLogger::start(&config.access_log).map_err(StartError::AccessLog)?;
-        start_inner(config, config_path, access_log, workers, inherited).await
+        start_inner(config, config_path, access_log, &cpus, inherited).await
     }
     .await;
     let mut running = match (started, &answer_to) {

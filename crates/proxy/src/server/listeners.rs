@@ -363,13 +363,19 @@ async fn drain(e: Entry) {
 }
 
 /// One serving worker: a single-threaded runtime that runs the accept loops sent to it, and
-/// lives until every tracked connection has finished.
+/// lives until every tracked connection has finished; held to `cpu` when it names one.
 pub(crate) fn serve_worker(
     id: usize,
+    cpu: Option<usize>,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     shared: Arc<Shared>,
     conns: TaskTracker,
 ) {
+    if let Some(cpu) = cpu {
+        if let Err(e) = super::affinity::pin_current_thread(cpu) {
+            tracing::warn!(worker = id, cpu, error = %e, "serving thread could not be pinned to its CPU; it runs unpinned");
+        }
+    }
     crate::pool::set_worker(id);
     // Its counts go into a shard of its own while it lives (`metrics::claim_shard`).
     let _shard = crate::metrics::claim_shard();

@@ -6,6 +6,7 @@
 mod support;
 
 mod admin;
+mod affinity;
 mod endpointslices;
 mod head_timeout;
 mod hostile;
