@@ -289,3 +289,79 @@ async fn request_fields_kept_as_received_reach_the_upstream_as_the_maps_path_sen
     );
     assert_ne!(plain, mapped, "the map's path groups the repeated field");
 }
+
+/// A backend that answers one request with a chunked body of `chunks` chunks, chunk `i`
+/// being `i` bytes of one letter, each written on its own after a pause (so that upkeep reads
+/// them one by one and writes a chunk of its own for each).
+async fn trickling_backend(chunks: usize) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            if s.read(&mut b).await.unwrap() == 0 {
+                return;
+            }
+            head.push(b[0]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        for i in 1..=chunks {
+            let letter = b'a' + (i % 26) as u8;
+            let mut chunk = format!("{i:x}\r\n").into_bytes();
+            chunk.extend(std::iter::repeat_n(letter, i));
+            chunk.extend_from_slice(b"\r\n");
+            s.write_all(&chunk).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        s.write_all(b"0\r\n\r\n").await.unwrap();
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_chunked_response_of_many_reads_reaches_curl_whole_and_chunked() {
+    // 300 chunks: more size lines than one buffer of them holds, so it is refilled and reused.
+    let chunks = 300;
+    let backend = trickling_backend(chunks).await;
+    let up = upkeep(&one_group(&[backend], "")).await;
+    let url = format!("http://{}/trickle", up.listeners[0]);
+    let (out, err) = curl(&["-sS", "--raw", "-D", "-", &url]).await;
+    let (head, raw) = out.split_once("\r\n\r\n").expect("a head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{err}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{head}"
+    );
+    // Decode upkeep's own chunk framing: every size line right, then the last chunk.
+    let (mut rest, mut body, mut seen) = (raw.as_bytes(), Vec::new(), 0);
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16)
+            .expect("a hex size");
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            assert_eq!(rest, b"\r\n", "the body ends after the last chunk");
+            break;
+        }
+        body.extend_from_slice(&rest[..size]);
+        assert_eq!(&rest[size..size + 2], b"\r\n", "CRLF after chunk data");
+        rest = &rest[size + 2..];
+        seen += 1;
+    }
+    let want: Vec<u8> = (1..=chunks)
+        .flat_map(|i| std::iter::repeat_n(b'a' + (i % 26) as u8, i))
+        .collect();
+    assert_eq!(body.len(), want.len());
+    assert!(body == want, "the body arrives whole and in order");
+    // Read one by one (2 ms apart), they go out as about as many chunks: more size lines than
+    // one buffer of them holds (about 100).
+    assert!(seen > chunks / 2, "{seen} chunks");
+}

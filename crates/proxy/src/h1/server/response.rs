@@ -210,6 +210,11 @@ impl Fields<'_> {
     }
 }
 
+/// The longest chunk-size line written: 16 hex digits and CRLF.
+const SIZE_LINE: usize = 18;
+/// Room for the chunk-size lines of a chunked response, taken when it runs out.
+const SIZE_LINES: usize = 512;
+
 /// Writes `resp`; `Ok(true)` when the connection may carry another request.
 #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice (`proxy::handle_with`)
 pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
@@ -394,6 +399,7 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
         // What follows the head (in `wbuf`, written from there: no share of it split off per
         // response) is queued in `pending`.
         pending.clear();
+        let mut lines = BytesMut::new();
         loop {
             // A frame at hand goes out with what is queued; none at hand: the queue goes now.
             let frame = if let Some(frame) = first.take() {
@@ -453,10 +459,14 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
                                 pending.push(data);
                             }
                             Enc::Chunked => {
-                                let mut line = BytesMut::with_capacity(18);
-                                put_num(&mut line, data.len() as u64, 16);
-                                line.put_slice(b"\r\n");
-                                pending.push(line.freeze());
+                                // The size lines share one buffer, taken back in place once
+                                // the lines cut from it are written (no allocation a chunk).
+                                if lines.capacity() < SIZE_LINE {
+                                    lines.reserve(SIZE_LINES);
+                                }
+                                put_num(&mut lines, data.len() as u64, 16);
+                                lines.put_slice(b"\r\n");
+                                pending.push(lines.split().freeze());
                                 pending.push(data);
                                 pending.push(Bytes::from_static(b"\r\n"));
                             }
