@@ -202,6 +202,17 @@ fn the_configmap_config_passes_upkeep_check_and_fits_the_pod_spec() {
             args.contains(&format!("{mount}/upkeep.toml").as_str()),
             "{k}: {args:?}"
         );
+        // A pod with no CPU limit shares its node: its serving threads are not held to CPUs
+        // (`--cpu-affinity auto` would hold one to each of the node's CPUs).
+        let limits = c.path(&["resources", "limits"]);
+        if limits.and_then(|l| l.get("cpu")).is_none() {
+            let at = args.iter().position(|a| *a == "--cpu-affinity");
+            assert_eq!(
+                at.and_then(|i| args.get(i + 1)).copied(),
+                Some("off"),
+                "{k}: {args:?}"
+            );
+        }
 
         // Probes: three endpoints, on the probe port, which is the config's [admin] probes.
         let port_of = |name: &str| {
