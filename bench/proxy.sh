@@ -162,7 +162,6 @@ start_nginx() {
     wait_ok "$port" "nginx"
 }
 
-
 # start_haproxy DIR PORT [PINNED]: two threads; PINNED=on holds each to its own CPU (`cpu-map`,
 # the first two CPUs this script may run on).
 start_haproxy() {
@@ -758,10 +757,10 @@ fi
 # The same CPU choice made for every proxy: upkeep (its threads on their own CPUs by default)
 # against nginx and HAProxy held to their CPUs the same way, and upkeep left to the scheduler.
 ul=upkeep@c$lo pn=${rps[nginx-pinned@c$lo]:-} ph=${rps[haproxy-pinned@c$lo]:-}
-if [[ -n $pn && -n $ph ]]; then
+if [[ -n $pn || -n $ph ]]; then
     bestp=$(awk -v a="$pn" -v b="$ph" 'BEGIN { print (a + 0 > b + 0 ? a : b) }')
     printf 'INFO  %-52s %s\n' "c$lo vs peers held to CPUs too" \
-        "upkeep ${rps[$ul]:-?} req/s p99 ${p99[$ul]:-?} ms; nginx-pinned ${pn} p99 ${p99[nginx-pinned@c$lo]}; haproxy-pinned ${ph} p99 ${p99[haproxy-pinned@c$lo]} ($(ratio "${rps[$ul]:-}" "$bestp")x the faster)"
+        "upkeep ${rps[$ul]:-?} req/s p99 ${p99[$ul]:-?} ms; nginx-pinned ${pn:--} p99 ${p99[nginx-pinned@c$lo]:--}; haproxy-pinned ${ph:--} p99 ${p99[haproxy-pinned@c$lo]:--} ($(ratio "${rps[$ul]:-}" "$bestp")x the faster)"
 fi
 if [[ -n ${rps[upkeep-unpinned@c$lo]:-} ]]; then
     printf 'INFO  %-52s %s\n' "c$lo upkeep --cpu-affinity off" \

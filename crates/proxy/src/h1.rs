@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use http_body::Frame;
 use tokio::io::AsyncWrite;
 
@@ -45,6 +45,33 @@ pub(crate) const GATHER: usize = 2048;
 thread_local! {
     /// Where [`poll_write_gathered`] puts small buffers together, one per serving thread.
     static GATHERED: RefCell<[u8; GATHER]> = const { RefCell::new([0; GATHER]) };
+}
+
+/// Writes `n` in base `radix` (10 or 16), as ASCII digits.
+pub(crate) fn put_num(out: &mut BytesMut, n: u64, radix: u64) {
+    let mut digits = [0u8; 20];
+    out.put_slice(num(n, radix, &mut digits));
+}
+
+/// `n` in base `radix` (10 or 16), as ASCII digits at the end of `digits`.
+pub(crate) fn num(mut n: u64, radix: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789abcdef"[(n % radix) as usize];
+        n /= radix;
+        if n == 0 {
+            break;
+        }
+    }
+    &digits[i..]
+}
+
+/// Writes the size line of a chunk of `n` bytes (`{n:x}\r\n`, RFC 9112 §7.1), as both
+/// HTTP/1 writers frame a chunked body.
+pub(crate) fn put_chunk_size(out: &mut BytesMut, n: usize) {
+    put_num(out, n as u64, 16);
+    out.put_slice(b"\r\n");
 }
 
 /// Fills `slices` for one vectored write from a message's writer: `head`, the bytes still to

@@ -433,10 +433,7 @@ impl Upload {
                     wire.pend.push_back(data.clone());
                 }
                 Enc::Chunked => {
-                    use std::fmt::Write;
-                    wire.queue_with(|w| {
-                        let _ = write!(HexLine(w), "{:x}\r\n", data.len());
-                    });
+                    wire.queue_with(|w| crate::h1::put_chunk_size(w, data.len()));
                     wire.pend.push_back(data.clone());
                     wire.pend.push_back(Bytes::from_static(b"\r\n"));
                 }
@@ -588,16 +585,6 @@ impl Upload {
     fn fail_write(&mut self, e: io::Error) {
         self.broken = true;
         self.write_error = Some(e);
-    }
-}
-
-/// `write!` into a `BytesMut`.
-struct HexLine<'a>(&'a mut BytesMut);
-
-impl std::fmt::Write for HexLine<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.put_slice(s.as_bytes());
-        Ok(())
     }
 }
 

@@ -72,26 +72,6 @@ fn fit_for_trailer(name: &HeaderName) -> bool {
         && name != "proxy-connection"
 }
 
-/// Writes `n` in base `radix` (10 or 16), as ASCII digits.
-fn put_num(out: &mut BytesMut, n: u64, radix: u64) {
-    let mut digits = [0u8; 20];
-    out.put_slice(num(n, radix, &mut digits));
-}
-
-/// `n` in base `radix` (10 or 16), as ASCII digits at the end of `digits`.
-fn num(mut n: u64, radix: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b"0123456789abcdef"[(n % radix) as usize];
-        n /= radix;
-        if n == 0 {
-            break;
-        }
-    }
-    &digits[i..]
-}
-
 /// The per-second `Date` value, made once a second per serving thread.
 fn date(out: &mut BytesMut) {
     use std::cell::RefCell;
@@ -271,7 +251,11 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
             head.wrote_date = raw.date;
             if let Some(n) = raw.length {
                 let mut digits = [0u8; 20];
-                head.put(wbuf, &header::CONTENT_LENGTH, num(n, 10, &mut digits))?;
+                head.put(
+                    wbuf,
+                    &header::CONTENT_LENGTH,
+                    crate::h1::num(n, 10, &mut digits),
+                )?;
             }
             if raw.chunked {
                 head.put(wbuf, &header::TRANSFER_ENCODING, b"chunked")?;
@@ -315,7 +299,7 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
                 Known::Exact(n) => {
                     if can_length {
                         wbuf.put_slice(b"content-length: ");
-                        put_num(wbuf, n, 10);
+                        crate::h1::put_num(wbuf, n, 10);
                         wbuf.put_slice(b"\r\n");
                         Enc::Length(n)
                     } else {
@@ -464,8 +448,7 @@ pub(crate) fn write<'a, IO: AsyncRead + AsyncWrite + Unpin>(
                                 if lines.capacity() < SIZE_LINE {
                                     lines.reserve(SIZE_LINES);
                                 }
-                                put_num(&mut lines, data.len() as u64, 16);
-                                lines.put_slice(b"\r\n");
+                                crate::h1::put_chunk_size(&mut lines, data.len());
                                 pending.push(lines.split().freeze());
                                 pending.push(data);
                                 pending.push(Bytes::from_static(b"\r\n"));
