@@ -702,8 +702,9 @@ if [[ -n $WS_TARGETS ]]; then
     echo "The Python client and server bound the rate; the rows show what each proxy adds."
 fi
 
-# The goals of docs/benchmarks.md ("Goals"), judged from this run only: ratios against nginx and
-# HAProxy measured minutes apart on the same machine, never against figures of another day.
+# The goals of docs/benchmarks.md ("Goal verdicts"), judged from this run only: ratios against
+# nginx and HAProxy measured minutes apart on the same machine, never against figures of another
+# day.
 # verdict NAME A OP B [DETAIL]: PASS when A OP B holds (ge or le), SKIP when a row is missing.
 verdict() {
     local name=$1 a=$2 op=$3 b=$4 detail=${5:-} ok

@@ -101,7 +101,7 @@ pub(crate) fn write_slices<'a>(
 /// bytes (a response head and a small body) are copied together and written as one.
 /// Measured on loopback TCP, a `writev(2)` of two buffers costs the kernel about 100 ns
 /// more than a `send(2)` of the same bytes, and one of a single buffer about 70 ns more
-/// (docs/benchmarks.md, "One send a message"); the copy of a few hundred bytes costs less.
+/// (docs/performance-history.md, "One send a message"); the copy of a few hundred bytes costs less.
 /// Over TLS the write makes one record instead of one per buffer. Every stream upkeep writes
 /// a proxied message to goes through it: the own server's wire, and the upstream and
 /// downstream streams hyper writes to (`pool::io::SharedIo`, `listener::Guarded`).

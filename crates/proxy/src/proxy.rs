@@ -886,7 +886,7 @@ struct Ready<'s> {
     rules: &'s crate::config::RouteRules,
     /// An upgrade (WebSocket, extended CONNECT) to carry instead; boxed, like `values`, to
     /// keep what most requests carry small (it is written into memory gone cold, "Memory
-    /// touched per request" in docs/benchmarks.md).
+    /// touched per request" in docs/performance-history.md).
     upgrade: Option<Box<crate::upgrade::Wanted>>,
     /// The body waits for the upstream's `100 Continue`.
     expects_continue: bool,

@@ -8,7 +8,7 @@
 //! The lists are last in, first out, which also keeps the memory a request touches in cache:
 //! the buffer a request takes is the one the thread let go of last, whose bytes it has just
 //! touched, not one that lay with a connection while a few hundred others were served
-//! (docs/benchmarks.md, "Memory touched per request").
+//! (docs/performance-history.md, "Memory touched per request").
 
 use std::cell::{Cell, RefCell};
 use std::thread::LocalKey;
@@ -60,7 +60,7 @@ thread_local! {
 ///
 /// [`keep`]'s rules, written out rather than called: moving the buffer out and back only
 /// once it is known to be kept is about 80 instructions a request cheaper on this path
-/// (`bench/instructions.sh`, docs/benchmarks.md "Memory touched per request").
+/// (`bench/instructions.sh`, docs/performance-history.md "Memory touched per request").
 #[inline]
 pub(crate) fn give_back(buf: &mut BytesMut) {
     let capacity = buf.capacity();
@@ -91,7 +91,7 @@ pub(crate) fn give_back(buf: &mut BytesMut) {
 /// (the thread's buffers include what is left of write buffers once a head was split off)
 /// is replaced by a new one rather than grown: growing reallocates, which copies all of its
 /// old allocation, and at a few hundred connections that copy wrote about 3.6 lines gone
-/// cold a request (docs/benchmarks.md, "Memory touched per request").
+/// cold a request (docs/performance-history.md, "Memory touched per request").
 #[inline]
 pub(crate) fn read_room(buf: &mut BytesMut, least: usize, chunk: usize) {
     if buf.capacity() == 0 {

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 /// jemalloc rather than the system allocator: fewer instructions per request (about 2 % of an
 /// HTTP/1 request and 6 % of an HTTP/2 one, much of the system allocator's cost there being
 /// its large-block path and consolidation) and less memory per idle connection
-/// (docs/benchmarks.md, "The allocator").
+/// (docs/performance-history.md, "The allocator").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -3,7 +3,7 @@
 //!
 //! Lines are put together here rather than by a serializer, into one buffer reused from line
 //! to line, with the time's second formatted once per second: a line costs about a tenth of
-//! what `serde_json` made of it (docs/benchmarks.md, "The access log"). Strings that need
+//! what `serde_json` made of it (docs/performance-history.md, "The access log"). Strings that need
 //! JSON escaping, and numbers with a fraction, still go through `serde_json`, and a test
 //! holds every line byte for byte to what `serde_json` writes for the same record.
 
