@@ -69,3 +69,49 @@ fn h1_server_request_corpus_keeps_the_server_invariants() {
     }
     assert!(broken.is_empty(), "break a server invariant: {broken:?}");
 }
+
+/// `(name, version)` of every package a `Cargo.lock` pins.
+fn pinned(lock: &str) -> std::collections::BTreeSet<(String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut name = None;
+    for line in lock.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = Some(n.trim_matches('"').to_owned());
+        } else if let Some(v) = line.strip_prefix("version = ") {
+            if let Some(n) = name.take() {
+                out.insert((n, v.trim_matches('"').to_owned()));
+            }
+        } else if line.starts_with("[[package]]") {
+            name = None;
+        }
+    }
+    out
+}
+
+/// The fuzz targets are their own workspace (cargo-fuzz builds them with nightly flags), with
+/// their own `fuzz/Cargo.lock`: it must pin every crate the two share at the version the
+/// shipped binary is built with, or the fuzzer tests other code than users run.
+#[test]
+fn fuzz_lockfile_pins_the_workspace_versions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let read =
+        |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let workspace = pinned(&read("Cargo.lock"));
+    let fuzz = pinned(&read("fuzz/Cargo.lock"));
+    assert!(
+        workspace.iter().any(|(n, _)| n == "rustls") && fuzz.iter().any(|(n, _)| n == "rustls"),
+        "both lockfiles pin rustls"
+    );
+    let names: std::collections::BTreeSet<&str> =
+        workspace.iter().map(|(n, _)| n.as_str()).collect();
+    let apart: Vec<_> = fuzz
+        .iter()
+        .filter(|(n, _)| names.contains(n.as_str()) && !n.starts_with("upkeep"))
+        .filter(|p| !workspace.contains(*p))
+        .collect();
+    assert!(
+        apart.is_empty(),
+        "fuzz/Cargo.lock pins versions the workspace does not (copy Cargo.lock to fuzz/ and \
+         let cargo add the fuzz crates): {apart:?}"
+    );
+}
