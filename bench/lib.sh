@@ -251,14 +251,16 @@ under_callgrind() {
     proxy_pid=$!
 }
 
-# haproxy_cfg FILE NBTHREAD BIND BACKEND_PORT [LAST]: the HAProxy configuration the benchmarks
-# run: HTTP mode, `bind BIND`, every request to 127.0.0.1:BACKEND_PORT; LAST ends the defaults
-# (default: `http-reuse always`, connections reused).
+# haproxy_cfg FILE NBTHREAD BIND BACKEND_PORT [LAST] [GLOBAL]: the HAProxy configuration the
+# benchmarks run: HTTP mode, `bind BIND`, every request to 127.0.0.1:BACKEND_PORT; LAST ends
+# the defaults (empty or absent: `http-reuse always`, connections reused); GLOBAL, one more
+# line of the global section (e.g. `cpu-map`).
 haproxy_cfg() {
     cat >"$1" <<EOF
 global
     nbthread $2
     maxconn 4096
+    ${6:-}
 
 defaults
     mode http

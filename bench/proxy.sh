@@ -167,14 +167,14 @@ start_nginx() {
 start_haproxy() {
     local dir=$1 port=$2 pinned=${3:-off}
     mkdir -p "$dir"
-    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$backend_port"
+    local cpu_map=
     if [[ $pinned == on ]]; then
         local cpus
         cpus=$(allowed_cpus | head -2 | paste -sd,)
         [[ $cpus == *,* ]] || die "haproxy-pinned needs two CPUs (allowed: $(allowed_cpus | paste -sd,))"
-        sed -i "s/^    nbthread 2\$/&\n    cpu-map auto:1\/1-2 $cpus/" "$dir/haproxy.cfg"
-        grep -q "^    cpu-map" "$dir/haproxy.cfg" || die "haproxy-pinned: cpu-map not written"
+        cpu_map="cpu-map auto:1/1-2 $cpus"
     fi
+    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$backend_port" "" "$cpu_map"
     "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_ok "$port" "haproxy"
@@ -758,7 +758,7 @@ fi
 # The same CPU choice made for every proxy: upkeep (its threads on their own CPUs by default)
 # against nginx and HAProxy held to their CPUs the same way, and upkeep left to the scheduler.
 ul=upkeep@c$lo pn=${rps[nginx-pinned@c$lo]:-} ph=${rps[haproxy-pinned@c$lo]:-}
-if [[ -n $pn || -n $ph ]]; then
+if [[ -n ${rps[$ul]:-} && (-n $pn || -n $ph) ]]; then
     bestp=$(awk -v a="$pn" -v b="$ph" 'BEGIN { print (a + 0 > b + 0 ? a : b) }')
     printf 'INFO  %-52s %s\n' "c$lo vs peers held to CPUs too" \
         "upkeep ${rps[$ul]:-?} req/s p99 ${p99[$ul]:-?} ms; nginx-pinned ${pn:--} p99 ${p99[nginx-pinned@c$lo]:--}; haproxy-pinned ${ph:--} p99 ${p99[haproxy-pinned@c$lo]:--} ($(ratio "${rps[$ul]:-}" "$bestp")x the faster)"
