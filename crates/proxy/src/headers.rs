@@ -304,6 +304,7 @@ impl Present {
     pub const FORWARDING: Self = Self(1 << 12);
     /// A `Cookie` field (one or more).
     pub(crate) const COOKIE: Self = Self(1 << 13);
+    pub const CONTENT_LENGTH: Self = Self(1 << 14);
 
     /// One pass over `headers`' fields.
     pub fn of(headers: &HeaderMap) -> Self {
@@ -340,6 +341,7 @@ impl Present {
             10 if is(b"keep-alive") => Self::KEEP_ALIVE.0 | hop,
             12 if is(b"content-type") => Self::CONTENT_TYPE.0,
             12 if is(b"x-request-id") => Self::X_REQUEST_ID.0,
+            14 if is(b"content-length") => Self::CONTENT_LENGTH.0,
             16 if is(b"proxy-connection") => hop,
             17 if is(b"transfer-encoding") => Self::TRANSFER_ENCODING.0 | hop,
             18 if is(b"proxy-authenticate") => hop,
@@ -783,6 +785,7 @@ mod tests {
             "cookie",
             "expect",
             "x-request-id",
+            "content-length",
             "keep-alive",
             "proxy-connection",
             "proxy-authorization",
@@ -823,7 +826,7 @@ mod tests {
         }
         for plain in [
             "accept",
-            "content-length",
+            "content-location",
             "user-agent",
             "x-forwarde",
             "date",

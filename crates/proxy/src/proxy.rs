@@ -1701,14 +1701,13 @@ fn send_own<'a>(
         if let Some(map) = head.headers {
             parts.headers = map;
         }
-        let idle = match &head.raw {
-            // Nothing to rewrite: the head holds no hop-by-hop field but `Connection` and
-            // `Keep-Alive`, which stay behind, and no `Trailer`.
-            Some(raw) => {
-                parts.version = message::DOWNSTREAM_VERSION;
-                group.pool().idle_timeout_for(raw.keepalive_hint)
-            }
-            None => rewrite_response_head(&mut parts, group, out.trailers, false),
+        let idle = if head.hop_free {
+            // Nothing to rewrite: the head held no hop-by-hop field but the framing ones,
+            // `Connection` and `Keep-Alive`, which stayed behind, and no `Trailer`.
+            parts.version = message::DOWNSTREAM_VERSION;
+            group.pool().idle_timeout_for(head.keepalive_hint)
+        } else {
+            rewrite_response_head(&mut parts, group, out.trailers, false)
         };
         let idle = if head.keep_alive {
             idle

@@ -50,6 +50,14 @@ pub struct Head {
     /// The fields as received, when the caller asked for them that way and the head allows it
     /// (see [`RawHead`]); `headers` is then empty.
     pub raw: Option<RawHead>,
+    /// No hop-by-hop field is left to remove: the head has none but `Transfer-Encoding`,
+    /// `Keep-Alive` and a `Connection` that names only `keep-alive` or `close`, and those are
+    /// not in `headers` (nor a `Content-Length` beside `Transfer-Encoding`), which therefore
+    /// goes downstream as it is. Otherwise `headers` holds every field received and the
+    /// proxy removes the hop-by-hop ones by their names.
+    pub hop_free: bool,
+    /// The upstream's `Keep-Alive: timeout=N` (its first `Keep-Alive` field).
+    pub keepalive_hint: Option<std::time::Duration>,
 }
 
 impl Head {
@@ -80,8 +88,6 @@ pub struct RawHead {
     pub length: Option<u64>,
     /// `Transfer-Encoding: chunked` stands (not on a 204).
     pub chunked: bool,
-    /// The upstream's `Keep-Alive: timeout=N` (its first `Keep-Alive` field).
-    pub keepalive_hint: Option<std::time::Duration>,
 }
 
 /// The outcome of parsing what has been read so far.
@@ -244,7 +250,7 @@ pub fn parse_with(
     let mut date = false;
     let mut keepalive_hint = None;
     let mut keepalive_seen = false;
-    let mut as_received = raw && !head_request;
+    let mut hop_free = true;
     for f in fields.iter() {
         let value_bytes = &buf[f.value.0..f.value.1];
         match f.kind {
@@ -267,7 +273,7 @@ pub fn parse_with(
                         close = true;
                     } else if !token.is_empty() && !token.eq_ignore_ascii_case(b"keep-alive") {
                         // It names a field to remove: the map does that.
-                        as_received = false;
+                        hop_free = false;
                     }
                 }
             }
@@ -277,9 +283,10 @@ pub fn parse_with(
                     keepalive_hint = crate::pool::keepalive_timeout(value_bytes);
                 }
             }
-            Kind::OtherHop => as_received = false,
+            Kind::OtherHop => hop_free = false,
         }
     }
+    let as_received = raw && !head_request && hop_free;
     if lengths > 1 {
         return Err(BadResponse("repeated Content-Length"));
     }
@@ -317,6 +324,8 @@ pub fn parse_with(
         framing,
         keep_alive,
         raw: None,
+        hop_free,
+        keepalive_hint,
     };
     if as_received {
         // The map stays empty and unallocated: on the way to the own server's writer nothing
@@ -328,18 +337,27 @@ pub fn parse_with(
             date,
             length: length.filter(|_| !drop_length),
             chunked: codings == 1 && !no_content,
-            keepalive_hint,
         });
         return Ok(Parsed::Final(head, len));
     }
     let raw: Bytes = buf.split_to(len).freeze();
-    // Room for what the proxy adds on the way downstream (`keep-alive`, `connection`), so
-    // that the map is not rehashed into a larger table per response.
-    let mut headers = crate::headers::map_with_capacity(fields.len() + 2);
+    // A head free of other hop-by-hop fields leaves out the ones the proxy would remove from
+    // the map (a pass over the names, a list, a hash and a shift each): its `Connection`,
+    // `Keep-Alive` and `Transfer-Encoding`, and a `Content-Length` beside the last.
+    let skip = |f: &Field| match f.kind {
+        Kind::ContentLength => drop_length || hop_free && codings == 1,
+        Kind::TransferEncoding => no_content || hop_free,
+        Kind::Connection | Kind::KeepAlive => hop_free,
+        Kind::Plain | Kind::Date | Kind::OtherHop => false,
+    };
+    // Room for the fields kept and what the proxy adds on the way downstream (`keep-alive`
+    // and `connection` over HTTP/1, `date` or `content-length` over HTTP/2), so that the map
+    // is not rehashed into a larger table per response; no more, so that a map kept aside
+    // from an earlier message (as small as the fields of an HTTP/2 request) serves.
+    let kept = fields.iter().filter(|f| !skip(f)).count();
+    let mut headers = crate::headers::map_with_capacity(kept + 2);
     for f in fields.iter() {
-        if drop_length && f.kind == Kind::ContentLength
-            || no_content && f.kind == Kind::TransferEncoding
-        {
+        if skip(f) {
             continue;
         }
         let name = super::names::header_name(&raw[f.name.0..f.name.1])
@@ -517,7 +535,7 @@ pub fn parse_invariants(data: &[u8]) {
 }
 
 /// A head passed on as received says what the map of the same head says: the same verdict,
-/// and, when it qualifies, the map's fields but the framing and hop-by-hop ones, names
+/// and, when it qualifies, the map's fields (neither has a framing or hop-by-hop one), names
 /// lowercased, values as httparse reads them; the framing, `Date` and the keep-alive hint
 /// taken aside agree with the map's.
 pub fn raw_agrees_with_map(data: &[u8], head_request: bool) {
@@ -581,13 +599,29 @@ pub fn raw_agrees_with_map(data: &[u8], head_request: bool) {
         .map()
         .get(http::header::CONTENT_LENGTH)
         .map(|v| content_length(v.as_bytes()).expect("a length the parse took"));
-    assert_eq!(raw.length, length);
-    assert_eq!(
-        raw.chunked,
-        m.map().contains_key(http::header::TRANSFER_ENCODING)
+    // A head that qualifies is free of hop-by-hop fields as a map too: the map leaves out
+    // what the raw head takes aside (the framing fields, `Connection`, `Keep-Alive`), and
+    // keeps a length only where no `chunked` stands beside it.
+    assert!(
+        m.hop_free,
+        "a head passed on as received is hop-free as a map"
     );
+    for name in [
+        http::header::TRANSFER_ENCODING,
+        http::header::CONNECTION,
+        http::header::HeaderName::from_static("keep-alive"),
+    ] {
+        assert!(!m.map().contains_key(&name), "{name} stays out of the map");
+    }
+    assert_eq!(raw.length.filter(|_| !raw.chunked), length);
+    if m.framing == Framing::Chunked {
+        assert!(raw.chunked);
+    }
+    if raw.chunked {
+        assert!(matches!(m.framing, Framing::Chunked | Framing::Empty));
+    }
     assert_eq!(raw.date, m.map().contains_key(http::header::DATE));
-    assert_eq!(raw.keepalive_hint, crate::pool::keepalive_hint(m.map()));
+    assert_eq!(r.keepalive_hint, m.keepalive_hint);
 }
 
 #[cfg(test)]
@@ -785,10 +819,65 @@ mod tests {
             false,
         )
         .unwrap();
+        assert_eq!(h.keepalive_hint, Some(std::time::Duration::from_secs(5)));
+        // Hop-by-hop, and the only such field: left out of the map.
+        assert!(h.hop_free);
+        assert!(!h.map().contains_key("keep-alive"));
+        // Beside a field the proxy removes by name, every field stays in the map (the hint
+        // is read the same from it).
+        let (h, _) = final_head(
+            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nConnection: x-a\r\nX-A: 1\r\n\
+             Content-Length: 0\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert!(!h.hop_free);
         assert_eq!(
             keepalive_hint(h.map()),
             Some(std::time::Duration::from_secs(5))
         );
+        assert_eq!(h.keepalive_hint, keepalive_hint(h.map()));
+        for name in ["keep-alive", "connection", "x-a", "content-length"] {
+            assert!(h.map().contains_key(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_hop_free_map_leaves_out_what_the_proxy_would_remove() {
+        // `Connection` naming only `close` or `keep-alive`, `Keep-Alive`, `Transfer-Encoding`
+        // and a `Content-Length` beside it: none reaches the map, the framing is kept.
+        for (raw, head_request, framing) in [
+            (
+                "HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\nKeep-Alive: timeout=3\r\n\
+                 Transfer-Encoding: chunked\r\nContent-Length: 4\r\nX-A: 1\r\n\r\n",
+                false,
+                Framing::Chunked,
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\
+                 X-A: 1\r\n\r\n",
+                true,
+                Framing::Empty,
+            ),
+        ] {
+            let (h, _) = final_head(raw, head_request).unwrap();
+            assert!(h.hop_free, "{raw}");
+            assert_eq!(h.framing, framing);
+            let names: Vec<_> = h.map().keys().map(|n| n.as_str()).collect();
+            assert_eq!(names, ["x-a"], "{raw}");
+        }
+        // Any other hop-by-hop field, or a `Connection` naming one: all stay for the proxy's
+        // removal by name (which also removes the fields `Connection` names).
+        for raw in [
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nTrailer: x-t\r\n\
+             Transfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: x-a\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nUpgrade: h2c\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            let (h, _) = final_head(raw, false).unwrap();
+            assert!(!h.hop_free, "{raw}");
+            assert!(h.map().keys().any(crate::headers::is_hop_by_hop), "{raw}");
+        }
     }
 
     fn passed_on(raw: &str, head_request: bool) -> Head {
@@ -813,7 +902,7 @@ mod tests {
         assert!(r.date);
         assert_eq!(r.length, Some(5));
         assert!(!r.chunked);
-        assert_eq!(r.keepalive_hint, Some(std::time::Duration::from_secs(5)));
+        assert_eq!(h.keepalive_hint, Some(std::time::Duration::from_secs(5)));
         assert!(h.headers.is_none());
         assert!(h.keep_alive);
         assert_eq!(h.framing, Framing::Length(5));

@@ -57,7 +57,13 @@ impl Stream {
         ctx: Arc<ConnCtx>,
     ) -> Option<Self> {
         let (mut parts, recv) = req.into_parts();
-        let content_length = content_length(&parts.headers);
+        let present = Present::of(&parts.headers);
+        // Most requests carry none: no lookup (a hash of the name and a probe) for it.
+        let content_length = if present.has(Present::CONTENT_LENGTH) {
+            content_length(&parts.headers)
+        } else {
+            None
+        };
         let mut tunnel = None;
         let (body, progress) = if parts.method == Method::CONNECT {
             if content_length.is_some_and(|n| n != 0) {
@@ -84,7 +90,6 @@ impl Stream {
                 progress,
             )
         };
-        let present = Present::of(&parts.headers);
         let req = Box::new(DownRequest {
             req: Request::from_parts(parts, crate::body::DownBody::H2(body)),
             fields: None,

@@ -144,15 +144,14 @@ pub(crate) fn parse_with(
         let value = &buf[f.value.0..f.value.1];
         present = present.with(p);
         if p == Present::default() {
-            if is_content_length(&buf[f.name.0..f.name.1]) {
-                // 1*DIGIT and nothing else: no sign, list, hex or inner space.
-                let v = trim_ows(value);
-                if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
-                    return Parsed::HandOver;
-                }
-                length = v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-                lengths += 1;
+        } else if p.has(Present::CONTENT_LENGTH) {
+            // 1*DIGIT and nothing else: no sign, list, hex or inner space.
+            let v = trim_ows(value);
+            if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+                return Parsed::HandOver;
             }
+            length = v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+            lengths += 1;
         } else if p.has(Present::HOST) {
             hosts += 1;
         } else if p.has(Present::TRANSFER_ENCODING) {
@@ -250,10 +249,6 @@ pub(crate) fn parse_with(
         head_method,
         body,
     })
-}
-
-fn is_content_length(name: &[u8]) -> bool {
-    name.len() == 14 && name.eq_ignore_ascii_case(b"content-length")
 }
 
 /// Whether every field line of the complete head `head` is in the form the map's path
