@@ -143,6 +143,92 @@ async fn ambiguous_upstream_responses_are_refused_or_normalised_never_passed_thr
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The same table to an HTTP/2 client (curl, h2c): there the response goes through the
+/// header map an HTTP/2 stream sends, which a hop-free head (`h1::head`) gets already without
+/// its framing and connection fields, and a refusal, a normalised body or a cut stream must
+/// come out the same.
+#[tokio::test]
+async fn ambiguous_upstream_responses_reach_an_http2_client_refused_or_normalised_too() {
+    let cases = cases();
+    let responses = Arc::new(cases.iter().map(|(_, r, _)| r.clone()).collect::<Vec<_>>());
+    let addr = backend(responses).await;
+    let up = upkeep(&one_group(&[addr], "try_timeout = \"2s\"\n")).await;
+    let mut failures = Vec::new();
+    for (i, (name, _, want)) in cases.iter().enumerate() {
+        let url = format!("http://{}/{i}", up.listeners[0]);
+        let (complete, status, head, body) = curl_h2(&url).await;
+        let lengths: Vec<&str> = head
+            .lines()
+            .filter(|l| l.starts_with("content-length:"))
+            .collect();
+        let ok = match want {
+            Want::Refused => {
+                status == Some(502)
+                    && head.contains("upkeep-error: upstream_reset; reason=invalid_response")
+                    && !body.contains("hello")
+            }
+            Want::Normalised(want_status, text) => {
+                complete
+                    && status == Some(*want_status)
+                    && body == *text
+                    && !head.contains("transfer-encoding")
+                    && !head.contains("connection:")
+                    && lengths.len() <= 1
+                    && lengths.iter().all(|l| {
+                        l.trim_start_matches("content-length:").trim() == text.len().to_string()
+                    })
+            }
+            // Never a stream that ends cleanly with a 2xx as if its body were whole.
+            Want::Cut => {
+                let whole = complete && status.is_some_and(|s| (200..300).contains(&s));
+                !whole && !body.contains("hellox")
+            }
+        };
+        if !ok {
+            failures.push(format!(
+                "{name}: complete={complete} status={status:?} head={head:?} body={body:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `curl -si --http2-prior-knowledge URL`: whether the transfer ended cleanly, the final
+/// status, and the final head (lowercased) and body; informational heads are skipped.
+async fn curl_h2(url: &str) -> (bool, Option<u16>, String, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new("curl")
+            .args(["-si", "--max-time", "5", "--http2-prior-knowledge", url])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("curl finishes")
+    .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    let mut rest = text.as_str();
+    loop {
+        let Some((head, body)) = rest.split_once("\r\n\r\n") else {
+            return (out.status.success(), None, rest.to_owned(), String::new());
+        };
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.trim().parse::<u16>().ok());
+        if status.is_some_and(|s| (100..200).contains(&s)) && body.starts_with("http/") {
+            rest = body;
+            continue;
+        }
+        return (
+            out.status.success(),
+            status,
+            head.to_owned(),
+            body.to_owned(),
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_head_response_keeps_its_length_and_has_no_body() {
     let responses = Arc::new(vec![
