@@ -331,7 +331,7 @@ async fn a_response_head_reaches_the_client_as_received_less_its_hop_by_hop_fiel
     assert_eq!(keepalive.len(), 1, "upkeep's own keep-alive only: {head:?}");
     assert_ne!(keepalive[0], "keep-alive: timeout=5", "{head:?}");
 
-    // To an HTTP/2 client (hyper writes the response from its map): every field of the
+    // To an HTTP/2 client (the HTTP/2 server sends the response's map): every field of the
     // upstream but the hop-by-hop ones (in the map's order: compared sorted).
     let (head, body) = curl_head_and_body(&format!("--http2-prior-knowledge {base}/0")).await;
     assert_eq!(body, "hello");
