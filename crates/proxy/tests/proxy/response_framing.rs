@@ -196,16 +196,7 @@ async fn ambiguous_upstream_responses_reach_an_http2_client_refused_or_normalise
 /// `curl -si --http2-prior-knowledge URL`: whether the transfer ended cleanly, the final
 /// status, and the final head (lowercased) and body; informational heads are skipped.
 async fn curl_h2(url: &str) -> (bool, Option<u16>, String, String) {
-    let out = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::process::Command::new("curl")
-            .args(["-si", "--max-time", "5", "--http2-prior-knowledge", url])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("curl finishes")
-    .expect("curl runs");
+    let out = curl_si(&["--http2-prior-knowledge", url]).await;
     let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
     let mut rest = text.as_str();
     loop {
@@ -267,19 +258,24 @@ fn dechunk(mut s: &str) -> Option<String> {
     }
 }
 
-/// `curl -si [OPTION..] URL`: the head and body as the client got them.
-async fn curl_head_and_body(args: &str) -> (Vec<String>, String) {
-    let out = tokio::time::timeout(
+/// `curl -si --max-time 5 ARGS..`, itself bounded in time: what it printed and how it ended.
+async fn curl_si(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
         Duration::from_secs(10),
         tokio::process::Command::new("curl")
             .args(["-si", "--max-time", "5"])
-            .args(args.split(' '))
+            .args(args)
             .kill_on_drop(true)
             .output(),
     )
     .await
     .expect("curl finishes")
-    .expect("curl runs");
+    .expect("curl runs")
+}
+
+/// `curl -si [OPTION..] URL`: the head and body as the client got them.
+async fn curl_head_and_body(args: &str) -> (Vec<String>, String) {
+    let out = curl_si(&args.split(' ').collect::<Vec<_>>()).await;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("a head");
     (
