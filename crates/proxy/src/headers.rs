@@ -34,6 +34,30 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.iter().any(|h| h == name)
 }
 
+/// `traceparent` (W3C Trace Context): a new parent id on every request.
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// Whether a field named `name` carries a value that never repeats: the request id upkeep
+/// makes or passes on (`x-request-id`) and a trace context's `traceparent`. Over HTTP/2 such
+/// a value goes as a literal never indexed (RFC 7541 §6.2.3): indexed, each request would put
+/// a new entry into both ends' HPACK tables, pushing out the entries that do repeat (the
+/// forwarding fields, `server`, `content-type`) and making the encoder compare the value with
+/// every earlier id still in its table. A standard name is compared by its enum tag.
+pub(crate) fn never_repeats(name: &HeaderName) -> bool {
+    *name == crate::request_id::X_REQUEST_ID_NAME || *name == TRACEPARENT
+}
+
+/// Marks the values of `h`'s fields that never repeat ([`never_repeats`]) as sensitive: the
+/// h2 crate's HPACK encoder sends a sensitive value as a literal never indexed. HTTP/1 has no
+/// such thing, and ignores the mark.
+pub(crate) fn mark_never_indexed(h: &mut HeaderMap) {
+    for (name, value) in h.iter_mut() {
+        if never_repeats(name) {
+            value.set_sensitive(true);
+        }
+    }
+}
+
 /// Whether `h` has any hop-by-hop field (RFC 9110 §7.6.1): one look at each name, no
 /// hashing, so that stripping them costs nothing when there are none (the common case).
 pub fn has_hop_by_hop(h: &HeaderMap) -> bool {
@@ -924,5 +948,26 @@ mod tests {
             h["forwarded"],
             "for=10.0.0.1, for=\"[::1]\";proto=https;host=\"a.test\""
         );
+    }
+
+    #[test]
+    fn values_that_never_repeat_are_marked_never_indexed_and_no_others() {
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", "4f2a".parse().unwrap());
+        h.append("x-request-id", "4f2b".parse().unwrap());
+        h.insert("traceparent", "00-ab-cd-01".parse().unwrap());
+        h.insert("x-request-ids", "1".parse().unwrap());
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        h.insert(header::SERVER, "up".parse().unwrap());
+        mark_never_indexed(&mut h);
+        for (name, value) in &h {
+            let expected = name == "x-request-id" || name == "traceparent";
+            assert_eq!(value.is_sensitive(), expected, "{name}");
+        }
+        assert_eq!(h.get_all("x-request-id").iter().count(), 2);
+        assert!(h
+            .get_all("x-request-id")
+            .iter()
+            .all(HeaderValue::is_sensitive));
     }
 }

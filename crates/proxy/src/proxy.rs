@@ -573,6 +573,7 @@ impl Outgoing {
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.headers.clone();
         self.added.copy_into(req.headers_mut());
+        crate::headers::mark_never_indexed(req.headers_mut());
         Some(req)
     }
 
@@ -1554,6 +1555,10 @@ fn rewrite_response_head(
     }
     if present.has(Present::HOP_BY_HOP) {
         strip_hop_by_hop(&mut parts.headers);
+    }
+    // An upstream's echo of the request id, for an HTTP/2 client (`headers::never_repeats`).
+    if present.has(Present::X_REQUEST_ID) {
+        crate::headers::mark_never_indexed(&mut parts.headers);
     }
     crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;

@@ -6,24 +6,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::Command;
 use upkeep_test_support::TestBackend;
 
-use crate::support::{one_group, upkeep};
-
-async fn curl(args: &[&str]) -> (String, String) {
-    let out = tokio::time::timeout(
-        Duration::from_secs(10),
-        Command::new("curl").args(args).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("curl finishes")
-    .expect("curl runs");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use crate::support::{curl, one_group, upkeep};
 
 /// Reads from `s` until `text` has been seen `times` times (or 5 s pass).
 async fn read_until_count(s: &mut TcpStream, text: &str, times: usize) -> String {

@@ -16,6 +16,7 @@ use tokio_rustls::rustls;
 use upkeep_test_support::{get, send, TestBackend};
 
 use crate::support::h2::{h2_client, GoawayBackend, H2Backend};
+use crate::support::py::{json_client, PyServer};
 use crate::support::{self, metric, one_group, upkeep};
 
 const HTTP2: &str = "protocol = \"http2\"\n";
@@ -489,5 +490,91 @@ async fn streams_refused_by_goaway_with_bodies_over_the_replay_buffer_fail_with_
         )
         .await,
         0.0
+    );
+}
+
+const HPACK_PROBE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/hpack_probe.py");
+
+/// The names `hpack_probe.py` saw sent as literals never indexed, sorted.
+fn never_indexed(seen: &serde_json::Value) -> Vec<&str> {
+    seen["never_indexed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{seen}"))
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect()
+}
+
+/// Values that never repeat (the request id upkeep makes or passes on, a trace context's
+/// `traceparent`) travel over HTTP/2 as literals never indexed (RFC 7541 §6.2.3), so that they
+/// do not churn both ends' HPACK tables: to an HTTP/2 upstream, from curl over HTTP/1.1 and
+/// from an HTTP/2 client, and in an upstream's echo to an HTTP/2 client, from an HTTP/2 and
+/// from an HTTP/1.1 upstream. The fields that repeat stay indexable. Read with the `h2`
+/// library, which keeps each field's representation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_and_trace_contexts_travel_never_indexed_and_other_fields_stay_indexable() {
+    if !support::py::have("h2.connection") {
+        return;
+    }
+    let h2_backend = PyServer::start(HPACK_PROBE, &["h2-server"]).await;
+    let h1_backend = PyServer::start(HPACK_PROBE, &["h1-server"]).await;
+    let to_h2 = upkeep(&one_group(&[h2_backend.addr], HTTP2)).await;
+    let to_h1 = upkeep(&one_group(&[h1_backend.addr], "")).await;
+    let trace = "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    // curl over HTTP/1.1, without an id (upkeep makes one) and with one (passed on).
+    let url = format!("http://{}/curl-new-id", to_h2.listeners[0]);
+    let (body, err) = support::curl(&["-sS", "--http1.1", "-H", trace, &url]).await;
+    assert_eq!(body, "ok", "{err}");
+    let seen = h2_backend
+        .find(|l| l["path"] == "/curl-new-id")
+        .await
+        .expect("the backend saw the request");
+    assert_eq!(seen["request_id"].as_str().unwrap().len(), 32, "{seen}");
+    assert_eq!(
+        never_indexed(&seen),
+        ["traceparent", "x-request-id"],
+        "{seen}"
+    );
+    let url = format!("http://{}/curl-own-id", to_h2.listeners[0]);
+    let (body, err) = support::curl(&["-sS", "-H", "x-request-id: given-1", &url]).await;
+    assert_eq!(body, "ok", "{err}");
+    let seen = h2_backend
+        .find(|l| l["path"] == "/curl-own-id")
+        .await
+        .unwrap();
+    assert_eq!(seen["request_id"], "given-1", "{seen}");
+    assert_eq!(never_indexed(&seen), ["x-request-id"], "{seen}");
+
+    // An HTTP/2 client: three requests on one connection, to each kind of upstream.
+    let (name, value) = trace.split_once(": ").unwrap();
+    let field = format!("{name}={value}");
+    for (up, path) in [(&to_h2, "/h2c-to-h2"), (&to_h1, "/h2c-to-h1")] {
+        let port = up.listeners[0].port().to_string();
+        let got = json_client(HPACK_PROBE, &["client", &port, path, "3", &field]).await;
+        let got = got.as_array().unwrap_or_else(|| panic!("{got}"));
+        assert_eq!(got.len(), 3);
+        let mut ids = std::collections::HashSet::new();
+        for r in got {
+            assert_eq!(r["status"], 200, "{path}: {r}");
+            assert!(
+                ids.insert(r["request_id"].as_str().unwrap().to_owned()),
+                "{r}"
+            );
+            assert_eq!(
+                never_indexed(r),
+                ["traceparent", "x-request-id"],
+                "{path}: the echoed values come never indexed, `x-plain` indexable: {r}"
+            );
+        }
+    }
+    let from_h2c = h2_backend
+        .find(|l| l["path"] == "/h2c-to-h2")
+        .await
+        .unwrap();
+    assert_eq!(
+        never_indexed(&from_h2c),
+        ["traceparent", "x-request-id"],
+        "{from_h2c}"
     );
 }

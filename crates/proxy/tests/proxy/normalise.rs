@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::process::Command;
 
 use crate::support::raw::{exchange, RawBackend, OK};
-use crate::support::{one_group, upkeep};
+use crate::support::{curl, one_group, upkeep};
 
 /// Python's own HTTP/1.0 server (`python3 -m http.server`) on a port of its choosing,
 /// serving `dir`; stopped when the handle drops.
@@ -41,20 +41,6 @@ async fn python_http10_server(dir: &std::path::Path) -> (tokio::process::Child, 
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no port in {first:?}"));
     (child, port)
-}
-
-async fn curl(args: &[&str]) -> (String, String) {
-    let out = tokio::time::timeout(
-        Duration::from_secs(10),
-        Command::new("curl").args(args).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("curl finishes")
-    .expect("curl runs");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[tokio::test]

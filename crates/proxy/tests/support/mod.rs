@@ -32,6 +32,24 @@ pub async fn upkeep_hyper_http1(toml: &str) -> Running {
         .expect("upkeep starts")
 }
 
+/// `curl ARGS..`, bounded (10 s): what it printed on stdout and on stderr.
+pub async fn curl(args: &[&str]) -> (String, String) {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::process::Command::new("curl")
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("curl finishes")
+    .expect("curl runs");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A config with one listener, an admin listener, and one group `app` over `addrs`.
 pub fn one_group(addrs: &[std::net::SocketAddr], extra: &str) -> String {
     let eps: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
