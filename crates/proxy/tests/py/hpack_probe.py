@@ -12,10 +12,10 @@ names of the fields that came never indexed (h2-server). It answers 200 "ok", ec
 for each response, its status, its x-request-id, and the names of the fields that came never
 indexed.
 """
-import asyncio
 import http.server
 import json
 import socket
+import socketserver
 import sys
 
 import h2.config
@@ -36,39 +36,25 @@ def answer_headers(request):
     return out
 
 
-async def h2_server():
-    async def handle(reader, writer):
+class H2Handler(socketserver.BaseRequestHandler):
+    def handle(self):
         conn = h2.connection.H2Connection(
             config=h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         )
         conn.initiate_connection()
-        writer.write(conn.data_to_send())
-        try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    return
-                for ev in conn.receive_data(data):
-                    if isinstance(ev, h2.events.RequestReceived):
-                        h = dict(ev.headers)
-                        print(json.dumps(dict(path=h.get(":path"),
-                                              request_id=h.get("x-request-id"),
-                                              never_indexed=never_indexed(ev.headers))),
-                              flush=True)
-                        conn.send_headers(ev.stream_id, answer_headers(ev.headers))
-                        conn.send_data(ev.stream_id, b"ok", end_stream=True)
-                    elif isinstance(ev, h2.events.DataReceived):
-                        conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-                writer.write(conn.data_to_send())
-        except Exception:
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    async with server:
-        await server.serve_forever()
+        self.request.sendall(conn.data_to_send())
+        while data := self.request.recv(65536):
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.RequestReceived):
+                    h = dict(ev.headers)
+                    print(json.dumps(dict(path=h.get(":path"), request_id=h.get("x-request-id"),
+                                          never_indexed=never_indexed(ev.headers))),
+                          flush=True)
+                    conn.send_headers(ev.stream_id, answer_headers(ev.headers))
+                    conn.send_data(ev.stream_id, b"ok", end_stream=True)
+                elif isinstance(ev, h2.events.DataReceived):
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            self.request.sendall(conn.data_to_send())
 
 
 class H1Handler(http.server.BaseHTTPRequestHandler):
@@ -88,8 +74,7 @@ class H1Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def h1_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H1Handler)
+def serve(server):
     print(server.server_address[1], flush=True)
     server.serve_forever()
 
@@ -130,9 +115,9 @@ def client(port, path, n, fields):
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "h2-server":
-        asyncio.run(h2_server())
+        serve(socketserver.ThreadingTCPServer(("127.0.0.1", 0), H2Handler))
     elif mode == "h1-server":
-        h1_server()
+        serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), H1Handler))
     else:
         fields = [tuple(a.split("=", 1)) for a in sys.argv[5:]]
         client(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), fields)
