@@ -200,9 +200,7 @@ async fn grpc_call_with_no_peer_up_gets_unavailable_with_the_cause() {
     if !grpcio() {
         return;
     }
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let gone = closed.local_addr().unwrap();
-    drop(closed);
+    let (_held, gone) = crate::support::refusing_addr();
     let up = upkeep(&one_group(&[gone], "protocol = \"http2\"\n")).await;
     let r = call(up.listeners[0], "unary").await;
     assert_eq!(r["code"], "UNAVAILABLE", "{r}");

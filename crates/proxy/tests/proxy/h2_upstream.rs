@@ -286,9 +286,7 @@ async fn http2_upstream_undeclared_trailers_reach_an_http11_client_that_sent_te_
 #[tokio::test]
 async fn http2_upstream_failures_are_classified_like_http1_ones() {
     // Nothing listens: connect_failed.
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gone = closed.local_addr().unwrap();
-    drop(closed);
+    let (_held, gone) = support::refusing_addr();
     let up = upkeep(&one_group(&[gone], HTTP2)).await;
     let r = get(up.listeners[0], "h2.test", "/").await;
     assert_eq!(r.status, 502);
@@ -546,24 +544,37 @@ async fn request_ids_and_trace_contexts_travel_never_indexed_and_other_fields_st
     assert_eq!(seen["request_id"], "given-1", "{seen}");
     assert_eq!(never_indexed(&seen), ["x-request-id"], "{seen}");
 
-    // An HTTP/2 client: three requests on one connection, to each kind of upstream.
+    // An HTTP/2 client: three requests on one connection, to each kind of upstream; to a
+    // "no-id" path the upstream echoes the trace context alone.
     let (name, value) = trace.split_once(": ").unwrap();
     let field = format!("{name}={value}");
-    for (up, path) in [(&to_h2, "/h2c-to-h2"), (&to_h1, "/h2c-to-h1")] {
+    for (up, path) in [
+        (&to_h2, "/h2c-to-h2"),
+        (&to_h1, "/h2c-to-h1"),
+        (&to_h2, "/h2c-to-h2-no-id"),
+        (&to_h1, "/h2c-to-h1-no-id"),
+    ] {
         let port = up.listeners[0].port().to_string();
         let got = json_client(HPACK_PROBE, &["client", &port, path, "3", &field]).await;
         let got = got.as_array().unwrap_or_else(|| panic!("{got}"));
         assert_eq!(got.len(), 3);
+        let with_id = !path.ends_with("no-id");
         let mut ids = std::collections::HashSet::new();
         for r in got {
             assert_eq!(r["status"], 200, "{path}: {r}");
-            assert!(
-                ids.insert(r["request_id"].as_str().unwrap().to_owned()),
-                "{r}"
-            );
+            let expected: &[&str] = if with_id {
+                assert!(
+                    ids.insert(r["request_id"].as_str().unwrap().to_owned()),
+                    "{r}"
+                );
+                &["traceparent", "x-request-id"]
+            } else {
+                assert!(r["request_id"].is_null(), "{r}");
+                &["traceparent"]
+            };
             assert_eq!(
                 never_indexed(r),
-                ["traceparent", "x-request-id"],
+                expected,
                 "{path}: the echoed values come never indexed, `x-plain` indexable: {r}"
             );
         }

@@ -8,9 +8,9 @@ a literal never indexed decodes as `hpack.NeverIndexedHeaderTuple`, `indexable` 
 
 A server prints its port, then one JSON line per request: its path, the request id and the
 names of the fields that came never indexed (h2-server). It answers 200 "ok", echoing
-`x-request-id` and `traceparent` and adding `x-plain: same`. The client prints one JSON line:
-for each response, its status, its x-request-id, and the names of the fields that came never
-indexed.
+`x-request-id` (not to a path with "no-id") and `traceparent`, and adding `x-plain: same`.
+The client prints one JSON line: for each response, its status, its x-request-id, and the
+names of the fields that came never indexed.
 """
 import http.server
 import json
@@ -32,7 +32,9 @@ def never_indexed(headers):
 def answer_headers(request):
     h = dict(request)
     out = [(":status", "200"), ("content-length", "2"), ("x-plain", "same")]
-    out += [(n, h[n]) for n in ECHOED if n in h]
+    # A path with "no-id" gets the trace context back without the request id.
+    echoed = [n for n in ECHOED if not (n == "x-request-id" and "no-id" in h.get(":path", ""))]
+    out += [(n, h[n]) for n in echoed if n in h]
     return out
 
 
@@ -61,7 +63,7 @@ class H1Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
-        fields = [(n.lower(), v) for n, v in self.headers.items()]
+        fields = [(":path", self.path)] + [(n.lower(), v) for n, v in self.headers.items()]
         print(json.dumps(dict(path=self.path, request_id=self.headers.get("x-request-id"),
                               never_indexed=[])), flush=True)
         self.send_response(200)

@@ -50,6 +50,16 @@ pub async fn curl(args: &[&str]) -> (String, String) {
     )
 }
 
+/// A loopback address that refuses connections while the returned socket lives: the socket
+/// holds the port, bound and never listening (without `SO_REUSEADDR`), so no listener of a
+/// test running beside can take it, as one could a port bound and closed again.
+pub fn refusing_addr() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let addr = s.local_addr().unwrap();
+    (s, addr)
+}
+
 /// A config with one listener, an admin listener, and one group `app` over `addrs`.
 pub fn one_group(addrs: &[std::net::SocketAddr], extra: &str) -> String {
     let eps: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
