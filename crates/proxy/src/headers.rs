@@ -34,17 +34,29 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.iter().any(|h| h == name)
 }
 
-/// `traceparent` (W3C Trace Context): a new parent id on every request.
-static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// The names of fields whose value is new on every request, besides `x-request-id`: the
+/// trace and span ids of W3C Trace Context, Zipkin (B3), Jaeger and Sentry, and the ids the
+/// AWS and Google Cloud load balancers add.
+static NEVER_REPEATS: [HeaderName; 8] = [
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("b3"),
+    HeaderName::from_static("x-b3-traceid"),
+    HeaderName::from_static("x-b3-spanid"),
+    HeaderName::from_static("uber-trace-id"),
+    HeaderName::from_static("sentry-trace"),
+    HeaderName::from_static("x-amzn-trace-id"),
+    HeaderName::from_static("x-cloud-trace-context"),
+];
 
 /// Whether a field named `name` carries a value that never repeats: the request id upkeep
-/// makes or passes on (`x-request-id`) and a trace context's `traceparent`. Over HTTP/2 such
-/// a value goes as a literal never indexed (RFC 7541 §6.2.3): indexed, each request would put
-/// a new entry into both ends' HPACK tables, pushing out the entries that do repeat (the
-/// forwarding fields, `server`, `content-type`) and making the encoder compare the value with
-/// every earlier id still in its table. A standard name is compared by its enum tag.
+/// makes or passes on (`x-request-id`) and a trace context's ids ([`NEVER_REPEATS`]). Over
+/// HTTP/2 such a value goes as a literal never indexed (RFC 7541 §6.2.3): indexed, each
+/// request would put a new entry into both ends' HPACK tables, pushing out the entries that
+/// do repeat (the forwarding fields, `server`, `content-type`) and making the encoder compare
+/// the value with every earlier id still in its table. A standard name is told apart by its
+/// enum tag, a custom one by its length first.
 pub(crate) fn never_repeats(name: &HeaderName) -> bool {
-    *name == crate::request_id::X_REQUEST_ID_NAME || *name == TRACEPARENT
+    *name == crate::request_id::X_REQUEST_ID_NAME || NEVER_REPEATS.iter().any(|n| n == name)
 }
 
 /// Marks the values of `h`'s fields that never repeat ([`never_repeats`]) as sensitive: the
@@ -956,12 +968,22 @@ mod tests {
         h.insert("x-request-id", "4f2a".parse().unwrap());
         h.append("x-request-id", "4f2b".parse().unwrap());
         h.insert("traceparent", "00-ab-cd-01".parse().unwrap());
+        h.insert(
+            "x-amzn-trace-id",
+            "Root=1-67891233-abcdef012345678912345678".parse().unwrap(),
+        );
+        h.insert("x-b3-spanid", "a2fb4a1d1a96d312".parse().unwrap());
         h.insert("x-request-ids", "1".parse().unwrap());
+        h.insert("b3-", "1".parse().unwrap());
+        h.insert("tracestate", "a=1".parse().unwrap());
         h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
         h.insert(header::SERVER, "up".parse().unwrap());
         mark_never_indexed(&mut h);
         for (name, value) in &h {
-            let expected = name == "x-request-id" || name == "traceparent";
+            let expected = matches!(
+                name.as_str(),
+                "x-request-id" | "traceparent" | "x-amzn-trace-id" | "x-b3-spanid"
+            );
             assert_eq!(value.is_sensitive(), expected, "{name}");
         }
         assert_eq!(h.get_all("x-request-id").iter().count(), 2);

@@ -522,7 +522,8 @@ async fn request_ids_and_trace_contexts_travel_never_indexed_and_other_fields_st
 
     // curl over HTTP/1.1, without an id (upkeep makes one) and with one (passed on).
     let url = format!("http://{}/curl-new-id", to_h2.listeners[0]);
-    let (body, err) = support::curl(&["-sS", "--http1.1", "-H", trace, &url]).await;
+    let amzn = "x-amzn-trace-id: Root=1-67891233-abcdef012345678912345678";
+    let (body, err) = support::curl(&["-sS", "--http1.1", "-H", trace, "-H", amzn, &url]).await;
     assert_eq!(body, "ok", "{err}");
     let seen = h2_backend
         .find(|l| l["path"] == "/curl-new-id")
@@ -531,7 +532,7 @@ async fn request_ids_and_trace_contexts_travel_never_indexed_and_other_fields_st
     assert_eq!(seen["request_id"].as_str().unwrap().len(), 32, "{seen}");
     assert_eq!(
         never_indexed(&seen),
-        ["traceparent", "x-request-id"],
+        ["traceparent", "x-amzn-trace-id", "x-request-id"],
         "{seen}"
     );
     let url = format!("http://{}/curl-own-id", to_h2.listeners[0]);
