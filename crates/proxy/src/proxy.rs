@@ -1556,9 +1556,6 @@ fn rewrite_response_head(
     if present.has(Present::HOP_BY_HOP) {
         strip_hop_by_hop(&mut parts.headers);
     }
-    // An upstream's echo of the request id or trace context, for an HTTP/2 client
-    // (`headers::never_repeats`): one look at each name, no hashing.
-    crate::headers::mark_never_indexed(&mut parts.headers);
     crate::trailers::restore_response(&mut parts.headers, declared, trailers);
     parts.version = message::DOWNSTREAM_VERSION;
     idle

@@ -363,12 +363,8 @@ pub fn parse_with(
         let name = super::names::header_name(&raw[f.name.0..f.name.1])
             .map_err(|_| BadResponse("invalid header name"))?;
         // The values share the head's buffer: no copy per header.
-        let mut value = HeaderValue::from_maybe_shared(raw.slice(f.value.0..f.value.1))
+        let value = HeaderValue::from_maybe_shared(raw.slice(f.value.0..f.value.1))
             .map_err(|_| BadResponse("invalid header value"))?;
-        // Sent to an HTTP/2 client as a literal never indexed (`headers::never_repeats`).
-        if crate::headers::never_repeats(&name) {
-            value.set_sensitive(true);
-        }
         headers.append(name, value);
     }
     head.headers = Some(headers);
@@ -719,18 +715,6 @@ mod tests {
         assert_eq!(h.framing, Framing::Length(5));
         assert!(h.keep_alive);
         assert_eq!(h.map()["x-a"], "b");
-    }
-
-    #[test]
-    fn an_echoed_request_id_is_marked_for_hpack_never_indexed() {
-        let raw = "HTTP/1.1 200 OK\r\nX-Request-Id: 4f2a\r\ntraceparent: 00-ab-cd-01\r\n\
-                   Server: up\r\nContent-Length: 0\r\n\r\n";
-        let (h, _) = final_head(raw, false).unwrap();
-        let map = h.map();
-        assert!(map["x-request-id"].is_sensitive());
-        assert!(map["traceparent"].is_sensitive());
-        assert!(!map["server"].is_sensitive());
-        assert!(!map["content-length"].is_sensitive());
     }
 
     #[test]

@@ -151,6 +151,9 @@ fn run(mut stream: Stream) -> impl std::future::Future<Output = ()> + Send {
             // Its `Connection` field may have named either of the others.
             names = Names::of(&head.headers);
         }
+        if names.never_repeats {
+            crate::headers::mark_never_indexed(&mut head.headers);
+        }
         if !names.date {
             head.headers.insert(header::DATE, date());
         }
@@ -326,7 +329,8 @@ fn date() -> HeaderValue {
 }
 
 /// What one look at a response's names finds: a connection-specific field to strip (HTTP/2
-/// has none, RFC 9113 §8.2.2), a `Date`, a `Content-Length`. Each name is compared as an enum
+/// has none, RFC 9113 §8.2.2), a `Date`, a `Content-Length`, a field whose value never
+/// repeats (an echoed request id, `headers::never_repeats`: sent never indexed). Each name is compared as an enum
 /// tag; a lookup by name (`entry`, `contains_key`) hashes and probes, about 200 instructions
 /// each, and a response from an HTTP/1.1 upstream has both fields already.
 #[derive(Default)]
@@ -334,6 +338,7 @@ struct Names {
     hop: bool,
     date: bool,
     length: bool,
+    never_repeats: bool,
 }
 
 impl Names {
@@ -346,6 +351,8 @@ impl Names {
                 names.length = true;
             } else if crate::headers::is_hop_by_hop(name) {
                 names.hop = true;
+            } else if crate::headers::never_repeats(name) {
+                names.never_repeats = true;
             }
         }
         names
@@ -420,5 +427,19 @@ mod tests {
         let mut h = map(&fields);
         strip_connection_headers(&mut h);
         assert_eq!(h, map(&fields));
+    }
+
+    #[test]
+    fn one_look_at_the_names_finds_an_echoed_request_id_or_trace_context() {
+        let h = map(&[("x-request-id", "4f2a"), ("server", "up")]);
+        assert!(Names::of(&h).never_repeats);
+        let h = map(&[("traceparent", "00-ab-cd-01"), ("date", "x")]);
+        assert!(Names::of(&h).never_repeats);
+        let h = map(&[
+            ("server", "up"),
+            ("x-request-ids", "1"),
+            ("content-length", "0"),
+        ]);
+        assert!(!Names::of(&h).never_repeats);
     }
 }
