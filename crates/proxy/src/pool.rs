@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -569,7 +569,7 @@ impl Pool {
             let dedicated = on_continue.is_some();
             let io = self::h2_settings::SettingsWatch::new(io, connect_protocol)
                 .with_continue(on_continue);
-            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            let (sender, conn) = http2::Builder::new(self::h2::BoxedExec)
                 .timer(TokioTimer::new())
                 .keep_alive_interval(self.cfg.http2_keepalive_interval)
                 .keep_alive_timeout(self.cfg.http2_keepalive_timeout)

@@ -534,10 +534,14 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    /// Makes the fields kept as received part of the map, in front of what it holds: for a
-    /// client other than upkeep's own (hyper's, for HTTP/2 upstreams), which takes a map.
+    /// Makes the fields kept as received part of the map, in front of what it holds, and
+    /// what upkeep adds after it: for a client other than upkeep's own (hyper's, for HTTP/2
+    /// upstreams), which takes a map. The added fields go in here, once, rather than into
+    /// each attempt's copy of the map ([`Outgoing::build`]): a copy has room for its own
+    /// fields only, and grew twice a request to take them.
     fn materialize(&mut self) -> Result<(), ProxyError> {
         let Some(f) = self.received.take() else {
+            self.added.move_into(&mut self.headers);
             return Ok(());
         };
         let mut map = crate::headers::map_with_capacity(self.headers.len() + 8);
@@ -553,6 +557,7 @@ impl Outgoing {
                 map.append(n.clone(), value);
             }
         }
+        self.added.move_into(&mut map);
         self.headers = map;
         Ok(())
     }
@@ -572,7 +577,6 @@ impl Outgoing {
         *req.uri_mut() = Uri::from(self.target.clone());
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = self.headers.clone();
-        self.added.copy_into(req.headers_mut());
         crate::headers::mark_never_indexed(req.headers_mut());
         Some(req)
     }

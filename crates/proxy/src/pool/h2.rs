@@ -23,6 +23,24 @@ use tokio::time::Instant;
 
 use crate::body::ReqBody;
 
+/// Spawns hyper's HTTP/2 client tasks on the heap. hyper hands each task over as one enum
+/// sized to its largest kind, the connection's own (the `h2` codec's state); spawned as it
+/// is, every request's response task (hyper spawns one a request) took that size, copied in
+/// whole on its way into tokio's task cell and again as it finished. Boxed, it is copied
+/// once and tokio moves a pointer.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BoxedExec;
+
+impl<F> hyper::rt::Executor<F> for BoxedExec
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(Box::pin(fut));
+    }
+}
+
 /// One shared HTTP/2 connection; clones are handles on the same connection.
 #[derive(Clone)]
 pub(crate) struct Shared {
@@ -219,7 +237,7 @@ impl H2Conns {
 /// Drives a connection, keeping `max_streams` at the peer's current
 /// `SETTINGS_MAX_CONCURRENT_STREAMS` (read after every poll: SETTINGS may come at any time).
 pub(crate) async fn drive<T>(
-    conn: http2::Connection<T, ReqBody, hyper_util::rt::TokioExecutor>,
+    conn: http2::Connection<T, ReqBody, BoxedExec>,
     max_streams: Arc<AtomicUsize>,
 ) -> hyper::Result<()>
 where
@@ -237,10 +255,12 @@ where
 /// The request as HTTP/2 sends it: `Host` becomes `:authority` (RFC 9113 §8.3.1) and the
 /// scheme that of the connection; without a `Host` the target stays as it is.
 pub(crate) fn with_authority(mut req: Request<ReqBody>, https: bool) -> Request<ReqBody> {
-    let Some(host) = req.headers().get(http::header::HOST) else {
+    // Taken out at once (one look into the map); a value that is no authority goes back.
+    let Some(host) = req.headers_mut().remove(http::header::HOST) else {
         return req;
     };
     let Ok(authority) = Authority::try_from(host.as_bytes()) else {
+        req.headers_mut().insert(http::header::HOST, host);
         return req;
     };
     let mut parts = req.uri().clone().into_parts();
@@ -251,7 +271,6 @@ pub(crate) fn with_authority(mut req: Request<ReqBody>, https: bool) -> Request<
     }
     if let Ok(uri) = Uri::from_parts(parts) {
         *req.uri_mut() = uri;
-        req.headers_mut().remove(http::header::HOST);
     }
     req
 }
@@ -269,4 +288,46 @@ pub fn unprocessed(e: &hyper::Error) -> bool {
         source = s.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn request(host: &'static str, target: &str) -> Request<ReqBody> {
+        let mut req = Request::new(ReqBody::Empty);
+        *req.uri_mut() = target.parse().unwrap();
+        req.headers_mut()
+            .insert(http::header::HOST, HeaderValue::from_static(host));
+        req.headers_mut()
+            .insert("x-after", HeaderValue::from_static("1"));
+        req
+    }
+
+    #[test]
+    fn a_host_becomes_the_authority_with_the_connections_scheme() {
+        let req = with_authority(request("a.test:8080", "/p?q=1"), true);
+        assert_eq!(req.uri(), "https://a.test:8080/p?q=1");
+        assert!(req.headers().get(http::header::HOST).is_none());
+        assert_eq!(req.headers().len(), 1);
+        let req = with_authority(request("b.test", "/"), false);
+        assert_eq!(req.uri(), "http://b.test/");
+    }
+
+    #[test]
+    fn a_host_that_is_no_authority_stays_a_field() {
+        for bad in ["a b.test", "a.test/x", ""] {
+            let req = with_authority(request(bad, "/p"), false);
+            assert_eq!(req.uri(), "/p", "{bad:?}");
+            assert_eq!(
+                req.headers().get(http::header::HOST).unwrap(),
+                bad,
+                "{bad:?}"
+            );
+        }
+        let mut req = Request::new(ReqBody::Empty);
+        *req.uri_mut() = "/p".parse().unwrap();
+        assert_eq!(with_authority(req, false).uri(), "/p");
+    }
 }
