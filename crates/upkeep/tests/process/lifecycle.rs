@@ -228,11 +228,19 @@ async fn sigusr1_reopens_the_access_log_after_a_rotation_without_losing_a_line()
     // logrotate: move the file away, then tell the process.
     std::fs::rename(&log, &rotated).unwrap();
     up.signal("-USR1");
+    // Done once the process says so: the new file exists a moment before the writer has
+    // written out the lines queued for the old one and switched (a request answered in that
+    // moment is rightly logged to the old file, queued before the switch).
+    let stderr = dir.path("stderr");
     let start = Instant::now();
-    while !log.exists() {
+    while !std::fs::read_to_string(&stderr)
+        .unwrap_or_default()
+        .contains("access log reopened")
+    {
         assert!(start.elapsed() < Duration::from_secs(5), "not reopened");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(log.exists(), "reopened, yet no new file");
     for i in 0..7 {
         assert_eq!(get(listen, "x", &format!("/after/{i}")).await.status, 200);
     }
