@@ -467,7 +467,26 @@ impl Pool {
             self.metrics.pool_event("reused");
             return Ok(Conn::h2(stream, peer, true));
         }
-        self.connect_new(peer, timeout, until, false).await
+        match self.connect_new(peer, timeout, until, false).await {
+            // At `max_connections_per_peer`, another serving thread's connection with room
+            // takes the request rather than refusing it.
+            Err(ConnectError::Full(n)) => {
+                // Their connects under way first: what they open is what this thread may use.
+                for other in self.h2.connect_locks_elsewhere(peer) {
+                    if tokio::time::timeout_at(until, other.lock()).await.is_err() {
+                        break;
+                    }
+                }
+                match self.h2.checkout_elsewhere(peer, self.cfg.max_age) {
+                    Some(stream) => {
+                        self.metrics.pool_event("reused");
+                        Ok(Conn::h2(stream, peer, true))
+                    }
+                    None => Err(ConnectError::Full(n)),
+                }
+            }
+            r => r,
+        }
     }
 
     async fn connect_new(

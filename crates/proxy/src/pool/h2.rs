@@ -153,13 +153,19 @@ impl Shared {
     }
 }
 
-/// The shared HTTP/2 connections of one pool, by peer.
+/// A serving thread (`super::worker`) and a peer.
+type Key = (usize, SocketAddr);
+
+/// The shared HTTP/2 connections of one pool, by serving thread and peer. Each serving thread
+/// has its own connections, driven by its own runtime: a request and the connection carrying
+/// it never wait on another thread (a connection shared across threads cost two cross-thread
+/// wake-ups a request, and put every thread's framing on the thread that drove it).
 #[derive(Default)]
 pub(crate) struct H2Conns {
-    peers: Mutex<HashMap<SocketAddr, Vec<Shared>>>,
-    /// One connect at a time per peer: a burst of first requests shares one new connection
-    /// instead of opening one each.
-    connecting: Mutex<HashMap<SocketAddr, Arc<tokio::sync::Mutex<()>>>>,
+    peers: Mutex<HashMap<Key, Vec<Shared>>>,
+    /// One connect at a time per serving thread and peer: a burst of first requests shares one
+    /// new connection instead of opening one each.
+    connecting: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl H2Conns {
@@ -168,14 +174,44 @@ impl H2Conns {
     /// lets hyper close the connection once its last stream ends).
     pub(crate) fn checkout(&self, peer: SocketAddr, max_age: Duration) -> Option<Stream> {
         let now = Instant::now();
+        let key = (super::worker(), peer);
         let mut peers = self.peers.lock().unwrap();
-        let list = peers.get_mut(&peer)?;
+        let list = peers.get_mut(&key)?;
         list.retain(|c| c.usable() && now.duration_since(c.created) < max_age);
         let found = list.iter().find(|c| c.has_room()).map(Shared::claim);
         if list.is_empty() {
-            peers.remove(&peer);
+            peers.remove(&key);
         }
         found
+    }
+
+    /// A stream on another serving thread's connection to `peer` with room for one more:
+    /// when this thread may open none (`max_connections_per_peer`). Its requests then wake
+    /// that thread, as every request did when all threads shared their connections.
+    pub(crate) fn checkout_elsewhere(&self, peer: SocketAddr, max_age: Duration) -> Option<Stream> {
+        let now = Instant::now();
+        let peers = self.peers.lock().unwrap();
+        peers
+            .iter()
+            .filter(|((_, p), _)| *p == peer)
+            .flat_map(|(_, list)| list)
+            .find(|c| c.usable() && now.duration_since(c.created) < max_age && c.has_room())
+            .map(Shared::claim)
+    }
+
+    /// The other serving threads' connect locks for `peer`.
+    pub(crate) fn connect_locks_elsewhere(
+        &self,
+        peer: SocketAddr,
+    ) -> Vec<Arc<tokio::sync::Mutex<()>>> {
+        let me = super::worker();
+        self.connecting
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((w, p), _)| *p == peer && *w != me)
+            .map(|(_, m)| m.clone())
+            .collect()
     }
 
     /// Registers a new connection and claims its first stream.
@@ -184,25 +220,31 @@ impl H2Conns {
         self.peers
             .lock()
             .unwrap()
-            .entry(peer)
+            .entry((super::worker(), peer))
             .or_default()
             .push(shared);
         stream
     }
 
-    /// The per-peer connect lock.
+    /// This serving thread's connect lock for `peer`.
     pub(crate) fn connect_lock(&self, peer: SocketAddr) -> Arc<tokio::sync::Mutex<()>> {
         self.connecting
             .lock()
             .unwrap()
-            .entry(peer)
+            .entry((super::worker(), peer))
             .or_default()
             .clone()
     }
 
-    /// Open connections to `peer`.
+    /// Open connections to `peer`, every serving thread's.
     pub(crate) fn count(&self, peer: SocketAddr) -> usize {
-        self.peers.lock().unwrap().get(&peer).map_or(0, Vec::len)
+        self.peers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((_, p), _)| *p == peer)
+            .map(|(_, l)| l.len())
+            .sum()
     }
 
     /// Drops connections that are closed, idle past `idle`, or past `max_age` with no stream.

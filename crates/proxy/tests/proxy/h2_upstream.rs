@@ -590,3 +590,96 @@ async fn request_ids_and_trace_contexts_travel_never_indexed_and_other_fields_st
         "{from_h2c}"
     );
 }
+
+/// upkeep with two serving threads in front of `backend` over HTTP/2, `extra` in its group.
+async fn two_threads_h2(backend: SocketAddr, extra: &str) -> upkeep_proxy::server::Running {
+    let toml = one_group(&[backend], &format!("{HTTP2}{extra}"));
+    let cfg = upkeep_proxy::config::parse(std::path::Path::new("test.toml"), &toml)
+        .unwrap_or_else(|e| panic!("test config: {e}"));
+    upkeep_proxy::server::start_workers(cfg, None, upkeep_proxy::access_log::AccessLogger::off(), 2)
+        .await
+        .expect("upkeep starts")
+}
+
+/// Holds `n` HTTP/1.1 client connections open at once (the serving threads even them out, so
+/// both get some), then sends one request on each, all at once; every answer must be the
+/// backend's. Returns how many connections each serving thread held.
+async fn one_request_on_each_of(up: &upkeep_proxy::server::Running, n: usize) -> [f64; 2] {
+    let listener = up.listeners[0];
+    let mut senders = Vec::new();
+    for _ in 0..n {
+        let io = hyper_util::rt::TokioIo::new(TcpStream::connect(listener).await.unwrap());
+        let (s, conn) =
+            hyper::client::conn::http1::handshake::<_, http_body_util::Empty<Bytes>>(io)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        senders.push(s);
+    }
+    // The hand-overs between threads are done once both count what they serve.
+    let mut held = [0.0; 2];
+    for _ in 0..100 {
+        held = [
+            metric(up, "upkeep_worker_connections_open{worker=\"1\"}").await,
+            metric(up, "upkeep_worker_connections_open{worker=\"2\"}").await,
+        ];
+        if held[0] + held[1] == n as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            tokio::spawn(async move {
+                let req = Request::get(format!("/sleep/200?i={i}"))
+                    .header("host", "h2.test")
+                    .body(http_body_util::Empty::<Bytes>::new())
+                    .unwrap();
+                let resp = tokio::time::timeout(Duration::from_secs(10), s.send_request(req))
+                    .await
+                    .expect("answered within 10 s")
+                    .unwrap();
+                let status = resp.status();
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                (status, body)
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, 200, "request {i}: {body:?}");
+        assert_eq!(&body[..], b"h2 /sleep/200", "request {i}");
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_serving_thread_has_its_own_http2_connection_and_shares_another_at_the_limit() {
+    // Every serving thread drives its own connection to the peer: its requests never wait on
+    // the other thread.
+    let b = H2Backend::start().await;
+    let up = two_threads_h2(b.addr, "").await;
+    let held = one_request_on_each_of(&up, 16).await;
+    assert!(
+        held[0] > 0.0 && held[1] > 0.0,
+        "both threads served some: {held:?}"
+    );
+    assert_eq!(
+        b.stats.connections.load(Ordering::SeqCst),
+        2,
+        "one upstream connection per serving thread ({held:?} client connections)"
+    );
+
+    // Allowed one connection to the peer, the thread that has none sends its requests on the
+    // other's rather than refusing them.
+    let b = H2Backend::start().await;
+    let up = two_threads_h2(b.addr, "[groups.app.pool]\nmax_connections_per_peer = 1\n").await;
+    let held = one_request_on_each_of(&up, 16).await;
+    assert!(
+        held[0] > 0.0 && held[1] > 0.0,
+        "both threads served some: {held:?}"
+    );
+    assert_eq!(b.stats.connections.load(Ordering::SeqCst), 1);
+}
