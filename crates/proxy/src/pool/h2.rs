@@ -159,23 +159,38 @@ type Key = (usize, SocketAddr);
 /// The shared HTTP/2 connections of one pool, by serving thread and peer. Each serving thread
 /// has its own connections, driven by its own runtime: a request and the connection carrying
 /// it never wait on another thread (a connection shared across threads cost two cross-thread
-/// wake-ups a request, and put every thread's framing on the thread that drove it).
-#[derive(Default)]
+/// wake-ups a request, and put every thread's framing on the thread that drove it). The lists
+/// are split by thread like the HTTP/1.1 idle lists (`super::SHARDS`), so that a request's look
+/// into them takes a lock no other serving thread takes.
 pub(crate) struct H2Conns {
-    peers: Mutex<HashMap<Key, Vec<Shared>>>,
+    shards: [Mutex<HashMap<Key, Vec<Shared>>>; super::SHARDS],
     /// One connect at a time per serving thread and peer: a burst of first requests shares one
     /// new connection instead of opening one each.
     connecting: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>,
 }
 
+impl Default for H2Conns {
+    fn default() -> Self {
+        Self {
+            shards: std::array::from_fn(|_| Mutex::default()),
+            connecting: Mutex::default(),
+        }
+    }
+}
+
 impl H2Conns {
+    /// This serving thread's lists.
+    fn mine(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Vec<Shared>>> {
+        self.shards[super::worker() % super::SHARDS].lock().unwrap()
+    }
+
     /// A stream on an open connection to `peer` with room for one more, if there is one.
     /// Closed, going-away and too old connections are dropped on the way (a dropped handle
     /// lets hyper close the connection once its last stream ends).
     pub(crate) fn checkout(&self, peer: SocketAddr, max_age: Duration) -> Option<Stream> {
         let now = Instant::now();
         let key = (super::worker(), peer);
-        let mut peers = self.peers.lock().unwrap();
+        let mut peers = self.mine();
         let list = peers.get_mut(&key)?;
         list.retain(|c| c.usable() && now.duration_since(c.created) < max_age);
         let found = list.iter().find(|c| c.has_room()).map(Shared::claim);
@@ -190,13 +205,16 @@ impl H2Conns {
     /// that thread, as every request did when all threads shared their connections.
     pub(crate) fn checkout_elsewhere(&self, peer: SocketAddr, max_age: Duration) -> Option<Stream> {
         let now = Instant::now();
-        let peers = self.peers.lock().unwrap();
-        peers
-            .iter()
-            .filter(|((_, p), _)| *p == peer)
-            .flat_map(|(_, list)| list)
-            .find(|c| c.usable() && now.duration_since(c.created) < max_age && c.has_room())
-            .map(Shared::claim)
+        self.shards.iter().find_map(|shard| {
+            shard
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|((_, p), _)| *p == peer)
+                .flat_map(|(_, list)| list)
+                .find(|c| c.usable() && now.duration_since(c.created) < max_age && c.has_room())
+                .map(Shared::claim)
+        })
     }
 
     /// The other serving threads' connect locks for `peer`.
@@ -217,9 +235,7 @@ impl H2Conns {
     /// Registers a new connection and claims its first stream.
     pub(crate) fn insert(&self, peer: SocketAddr, shared: Shared) -> Stream {
         let stream = shared.claim();
-        self.peers
-            .lock()
-            .unwrap()
+        self.mine()
             .entry((super::worker(), peer))
             .or_default()
             .push(shared);
@@ -238,12 +254,17 @@ impl H2Conns {
 
     /// Open connections to `peer`, every serving thread's.
     pub(crate) fn count(&self, peer: SocketAddr) -> usize {
-        self.peers
-            .lock()
-            .unwrap()
+        self.shards
             .iter()
-            .filter(|((_, p), _)| *p == peer)
-            .map(|(_, l)| l.len())
+            .map(|shard| {
+                shard
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|((_, p), _)| *p == peer)
+                    .map(|(_, l)| l.len())
+                    .sum::<usize>()
+            })
             .sum()
     }
 
@@ -251,18 +272,20 @@ impl H2Conns {
     pub(crate) fn sweep(&self, idle: Duration, max_age: Duration) -> usize {
         let now = Instant::now();
         let mut dropped = 0;
-        let mut peers = self.peers.lock().unwrap();
-        for list in peers.values_mut() {
-            let before = list.len();
-            list.retain(|c| {
-                let idle_for = c.idle_for(now);
-                c.usable()
-                    && idle_for.is_none_or(|d| d < idle)
-                    && (idle_for.is_none() || now.duration_since(c.created) < max_age)
-            });
-            dropped += before - list.len();
+        for shard in &self.shards {
+            let mut peers = shard.lock().unwrap();
+            for list in peers.values_mut() {
+                let before = list.len();
+                list.retain(|c| {
+                    let idle_for = c.idle_for(now);
+                    c.usable()
+                        && idle_for.is_none_or(|d| d < idle)
+                        && (idle_for.is_none() || now.duration_since(c.created) < max_age)
+                });
+                dropped += before - list.len();
+            }
+            peers.retain(|_, l| !l.is_empty());
         }
-        peers.retain(|_, l| !l.is_empty());
         self.connecting
             .lock()
             .unwrap()
@@ -272,7 +295,9 @@ impl H2Conns {
 
     /// Drops every handle (shutdown, or the group went away).
     pub(crate) fn clear(&self) {
-        self.peers.lock().unwrap().clear();
+        for shard in &self.shards {
+            shard.lock().unwrap().clear();
+        }
     }
 }
 
