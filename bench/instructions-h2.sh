@@ -17,6 +17,10 @@
 #              thread or worker, the same backend over HTTP/1.1 with keep-alive), so upkeep's
 #              count can be set beside theirs
 #   HAPROXY, NGINX  their binaries (default: from PATH, then /usr/sbin)
+#   UPSTREAM   how upkeep reaches the backend: http1 (default: `upkeep lab backend` over
+#              HTTP/1.1) or h2c (Debian's nginx answering `ok` over HTTP/2 by prior knowledge,
+#              the group set to `protocol = "http2"`: an HTTP/2 client's request to an HTTP/2
+#              upstream, as gRPC's go). PROXY=upkeep only
 #   CALLGRIND_FLAGS  more callgrind options (as in bench/instructions.sh)
 #   BENCH_KEEP=1  keep the temporary directory (callgrind output, logs)
 set -euo pipefail
@@ -33,10 +37,49 @@ upkeep_bin
 
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=bench.test \
     -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
-lab_backend backend_port
+PROXY=${PROXY:-upkeep}
+UPSTREAM=${UPSTREAM:-http1}
+protocol_line=""
+case $UPSTREAM in
+http1) lab_backend backend_port ;;
+h2c)
+    [[ $PROXY == upkeep ]] || die "UPSTREAM=h2c counts upkeep only"
+    NGINX=${NGINX:-$(find_bin nginx)} || die "nginx not found (Debian: apt-get install nginx-light)"
+    # Plain HTTP/1.1 on one port (to know it answers), h2c on the other (what upkeep uses).
+    free_port ready_port
+    free_port backend_port
+    mkdir -p "$work/h2c"
+    cat >"$work/h2c/nginx.conf" <<NGINX
+daemon off;
+master_process off;
+worker_processes 1;
+pid $work/h2c/nginx.pid;
+error_log $work/h2c/error.log warn;
+events { worker_connections 1024; }
+http {
+    client_body_temp_path $work/h2c/body;
+    proxy_temp_path $work/h2c/proxy;
+    fastcgi_temp_path $work/h2c/fastcgi;
+    uwsgi_temp_path $work/h2c/uwsgi;
+    scgi_temp_path $work/h2c/scgi;
+    keepalive_requests 1000000;
+    access_log off;
+    server {
+        listen 127.0.0.1:$ready_port;
+        listen 127.0.0.1:$backend_port http2;
+        location / { default_type text/plain; return 200 "ok"; }
+    }
+}
+NGINX
+    "$NGINX" -p "$work/h2c" -c "$work/h2c/nginx.conf" >"$work/backend.log" 2>&1 &
+    pids+=($!)
+    wait_ok "$ready_port" "h2c backend nginx"
+    protocol_line='protocol = "http2"'
+    ;;
+*) die "UPSTREAM is http1 or h2c, not $UPSTREAM" ;;
+esac
 free_port proxy_port
 free_port admin_port
-PROXY=${PROXY:-upkeep}
 if [[ $PROXY == upkeep ]]; then
 cat >"$work/upkeep.toml" <<TOML
 [admin]
@@ -51,9 +94,11 @@ group = "backend"
 
 [groups.backend]
 endpoints = ["127.0.0.1:$backend_port"]
+$protocol_line
 TOML
     version=$("$UPKEEP" --version | head -1)
     what="one serving thread"
+    [[ $UPSTREAM == h2c ]] && what="$what, h2c upstream (nginx)"
     under_callgrind "$UPKEEP" serve --config "$work/upkeep.toml" --access-log off \
         --log-level warn --workers 1
 else
