@@ -31,9 +31,9 @@
 #                      (bench/ws.py); needs python3 with `websockets`
 #   BENCH_WS_CONNECTIONS  WebSocket connections (default 16)
 #   BENCH_H2_TARGETS   HTTP/2 rows: h2load over TLS (ALPN h2) to each proxy, the same HTTP/1.1
-#                      backend behind (default: upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up;
-#                      the last speaks h2c to the backend); empty: none. Needs h2load (Debian:
-#                      nghttp2-client) and openssl.
+#                      backend behind (default: upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up
+#                      haproxy-h2-h2up; the last two speak h2c to the backend); empty: none.
+#                      Needs h2load (Debian: nghttp2-client) and openssl.
 #   BENCH_H2_CLIENTS   h2load clients (connections)          (default 16)
 #   BENCH_H2_STREAMS   h2load streams per connection         (default 8)
 #   BENCH_ROUNDS       rounds of every HTTP/1.1 and HTTP/2 row (default 1). With N > 1 the rows
@@ -67,7 +67,7 @@ HIGH_TARGETS=${BENCH_HIGH_TARGETS-direct upkeep nginx haproxy}
 for n in ${BENCH_UPKEEP_WORKERS-1 2}; do
     TARGETS="$TARGETS upkeep-w$n"
 done
-H2_TARGETS=${BENCH_H2_TARGETS-upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up}
+H2_TARGETS=${BENCH_H2_TARGETS-upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up haproxy-h2-h2up}
 H2_CLIENTS=${BENCH_H2_CLIENTS:-16}
 H2_STREAMS=${BENCH_H2_STREAMS:-8}
 ROUNDS=${BENCH_ROUNDS:-1}
@@ -126,7 +126,7 @@ start_backend() {
     access_log off;
     server {
         listen 127.0.0.1:$backend_port;
-        # The same server over h2c (prior knowledge), for the upkeep-h2-h2up row.
+        # The same server over h2c (prior knowledge), for the *-h2-h2up rows.
         listen 127.0.0.1:$backend_h2_port http2;
         location / { default_type text/plain; return 200 "ok"; }
     }
@@ -405,10 +405,12 @@ start_nginx_h2() {
     wait_h2 "$port" "nginx"
 }
 
+# start_haproxy_h2 DIR PORT [SERVER]: HAProxy over TLS with ALPN h2 in front of SERVER (the
+# rest of its `server` line after 127.0.0.1:, default the HTTP/1.1 backend).
 start_haproxy_h2() {
-    local dir=$1 port=$2
+    local dir=$1 port=$2 server=${3:-$backend_port}
     mkdir -p "$dir"
-    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1" "$backend_port"
+    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1" "$server"
     "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_h2 "$port" "haproxy"
@@ -453,8 +455,10 @@ run_h2_target() {
         measure_h2 "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         ;;
-    haproxy-h2)
-        start_haproxy_h2 "$dir" "$port"
+    haproxy-h2 | haproxy-h2-h2up)
+        local server=$backend_port
+        [[ $t == haproxy-h2-h2up ]] && server="$backend_h2_port proto h2"
+        start_haproxy_h2 "$dir" "$port" "$server"
         measure_h2 "$name" "$port" "${pids[-1]}"
         stop "${pids[-1]}"
         ;;
@@ -566,7 +570,7 @@ echo
 if [[ -n $H2_TARGETS ]]; then
     echo
     echo "HTTP/2 over TLS: h2load -c$H2_CLIENTS -m$H2_STREAMS -t$THREADS -D$DURATION (warm-up $WARMUP); the backend is HTTP/1.1"
-    echo "(upkeep-h2-h2up: h2c to the same backend). h2load reports mean and max, not percentiles."
+    echo "(*-h2-h2up: h2c to the same backend). h2load reports mean and max, not percentiles."
     printf '%-15s %10s %8s %8s %6s %7s %9s %9s  %s\n' target req/s mean_ms max_ms errors cpu_us rps/nginx cpu/nginx notes
     for t in $H2_TARGETS; do
         printf '%-15s %10s %8s %8s %6s %7s %9s %9s  %s\n' "$t" "${rps[$t]}" "${p50[$t]}" "${p99[$t]}" \
@@ -744,6 +748,10 @@ if [[ $hi != "$lo" ]]; then
 fi
 verdict "h2 req/s >= HAProxy" "${rps[upkeep-h2]:-}" ge "${rps[haproxy-h2]:-}" \
     "upkeep ${rps[upkeep-h2]:-?} vs HAProxy ${rps[haproxy-h2]:-?} ($(ratio "${rps[upkeep-h2]:-}" "${rps[haproxy-h2]:-}")x)"
+if [[ -n ${rps[upkeep-h2-h2up]:-} && -n ${rps[haproxy-h2-h2up]:-} ]]; then
+    printf 'INFO  %-52s %s\n' "h2 with an h2c upstream vs HAProxy" \
+        "upkeep ${rps[upkeep-h2-h2up]} req/s ${cpu[upkeep-h2-h2up]} us/req, HAProxy ${rps[haproxy-h2-h2up]} req/s ${cpu[haproxy-h2-h2up]} us/req ($(ratio "${rps[upkeep-h2-h2up]}" "${rps[haproxy-h2-h2up]}")x)"
+fi
 # What the machine allows at all: were the proxy's user-space time zero (its kernel time left
 # as nginx's), the CPU that wrk, the backend and nginx's kernel time take per request would
 # still cap the rate here. A goal above this ratio cannot be met on this machine.
