@@ -384,11 +384,6 @@ impl Pool {
         self.shards[worker() % SHARDS].lock().unwrap()
     }
 
-    /// Open shared HTTP/2 connections to `peer`.
-    pub fn h2_count(&self, peer: SocketAddr) -> usize {
-        self.h2.count(peer)
-    }
-
     /// Idle connections per peer, every serving thread's together.
     pub fn idle_count(&self, peer: SocketAddr) -> usize {
         self.loads.idle_count(peer)

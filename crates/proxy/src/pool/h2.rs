@@ -179,9 +179,9 @@ impl Default for H2Conns {
 }
 
 impl H2Conns {
-    /// This serving thread's lists.
-    fn mine(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Vec<Shared>>> {
-        self.shards[super::worker() % super::SHARDS].lock().unwrap()
+    /// The lists of serving thread `worker`.
+    fn shard(&self, worker: usize) -> std::sync::MutexGuard<'_, HashMap<Key, Vec<Shared>>> {
+        self.shards[worker % super::SHARDS].lock().unwrap()
     }
 
     /// A stream on an open connection to `peer` with room for one more, if there is one.
@@ -190,7 +190,7 @@ impl H2Conns {
     pub(crate) fn checkout(&self, peer: SocketAddr, max_age: Duration) -> Option<Stream> {
         let now = Instant::now();
         let key = (super::worker(), peer);
-        let mut peers = self.mine();
+        let mut peers = self.shard(key.0);
         let list = peers.get_mut(&key)?;
         list.retain(|c| c.usable() && now.duration_since(c.created) < max_age);
         let found = list.iter().find(|c| c.has_room()).map(Shared::claim);
@@ -235,10 +235,8 @@ impl H2Conns {
     /// Registers a new connection and claims its first stream.
     pub(crate) fn insert(&self, peer: SocketAddr, shared: Shared) -> Stream {
         let stream = shared.claim();
-        self.mine()
-            .entry((super::worker(), peer))
-            .or_default()
-            .push(shared);
+        let key = (super::worker(), peer);
+        self.shard(key.0).entry(key).or_default().push(shared);
         stream
     }
 
@@ -250,22 +248,6 @@ impl H2Conns {
             .entry((super::worker(), peer))
             .or_default()
             .clone()
-    }
-
-    /// Open connections to `peer`, every serving thread's.
-    pub(crate) fn count(&self, peer: SocketAddr) -> usize {
-        self.shards
-            .iter()
-            .map(|shard| {
-                shard
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|((_, p), _)| *p == peer)
-                    .map(|(_, l)| l.len())
-                    .sum::<usize>()
-            })
-            .sum()
     }
 
     /// Drops connections that are closed, idle past `idle`, or past `max_age` with no stream.
