@@ -23,6 +23,10 @@
 #                         serving thread per CPU)
 #   UPKEEP             upkeep binary (default: target/release/upkeep under CARGO_TARGET_DIR,
 #                      built with `cargo build --release -p upkeep` when missing)
+#   UPKEEP_PGO         a second upkeep binary to measure beside it, the profile-guided build
+#                      (bench/pgo.sh prints its path): adds an upkeep-pgo row at every
+#                      concurrency and an upkeep-pgo-h2 row, and judges them against the same
+#                      goals in lines of their own ("pgo: ...")
 #   NGINX, HAPROXY, WRK  binaries (default: from PATH, then /usr/sbin)
 #   BENCH_KEEP=1       keep the temporary directory (configs, logs, raw wrk output)
 #   BENCH_WS           WebSocket rows after the HTTP table, in order (default: ws-direct
@@ -70,6 +74,17 @@ done
 H2_TARGETS=${BENCH_H2_TARGETS-upkeep-h2 nginx-h2 haproxy-h2 upkeep-h2-h2up haproxy-h2-h2up}
 H2_CLIENTS=${BENCH_H2_CLIENTS:-16}
 H2_STREAMS=${BENCH_H2_STREAMS:-8}
+if [[ -n ${UPKEEP_PGO:-} ]]; then
+    [[ -x $UPKEEP_PGO ]] || die "UPKEEP_PGO: no binary at $UPKEEP_PGO (bench/pgo.sh builds one)"
+    TARGETS="$TARGETS upkeep-pgo"
+    # Only the sections that are run at all get the row.
+    if [[ -n $HIGH_TARGETS ]]; then
+        HIGH_TARGETS="$HIGH_TARGETS upkeep-pgo"
+    fi
+    if [[ -n $H2_TARGETS ]]; then
+        H2_TARGETS="$H2_TARGETS upkeep-pgo-h2"
+    fi
+fi
 ROUNDS=${BENCH_ROUNDS:-1}
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_ROUNDS must be a positive number, not '$ROUNDS'"
 
@@ -182,14 +197,14 @@ start_haproxy() {
 
 # start_upkeep DIR PORT ADMIN LOG WORKERS [AFFINITY]
 start_upkeep() {
-    local dir=$1 port=$2 admin=$3 log=$4 workers=$5 affinity=${6:-}
+    local dir=$1 port=$2 admin=$3 log=$4 workers=$5 affinity=${6:-} bin=${7:-$UPKEEP}
     mkdir -p "$dir"
     local dest=off
     [[ $log == on ]] && dest=$dir/access.log
     local extra=()
     [[ -n $workers ]] && extra=(--workers "$workers")
     [[ -n $affinity ]] && extra+=(--cpu-affinity "$affinity")
-    "$UPKEEP" serve --listen "127.0.0.1:$port" \
+    "$bin" serve --listen "127.0.0.1:$port" \
         --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
         --access-log "$dest" --log-level warn "${extra[@]}" >"$dir/stdout" 2>"$dir/stderr" &
     pids+=($!)
@@ -305,14 +320,15 @@ run_target() {
     direct)
         measure "$name" "$backend_port" "$backend_pid"
         ;;
-    upkeep | upkeep-log | upkeep-w* | upkeep-unpinned)
+    upkeep | upkeep-log | upkeep-w* | upkeep-unpinned | upkeep-pgo)
         free_port port
         free_port admin
-        local log=off workers= affinity=
+        local log=off workers= affinity= bin=$UPKEEP
         [[ $t == upkeep-log ]] && log=on
         [[ $t == upkeep-w* ]] && workers=${t#upkeep-w}
         [[ $t == upkeep-unpinned ]] && affinity=off
-        start_upkeep "$dir" "$port" "$admin" "$log" "$workers" "$affinity"
+        [[ $t == upkeep-pgo ]] && bin=$UPKEEP_PGO
+        start_upkeep "$dir" "$port" "$admin" "$log" "$workers" "$affinity" "$bin"
         measure "$name" "$port" "${pids[-1]}"
         upkeep_notes "$name" "$admin" "$dir" "$log"
         stop "${pids[-1]}"
@@ -360,10 +376,10 @@ wait_h2() {
     die "$name did not answer HTTP/2 over TLS on $port"
 }
 
-# start_upkeep_h2 DIR PORT ADMIN PROTOCOL: a TLS listener (ALPN h2), the backend over
+# start_upkeep_h2 DIR PORT ADMIN PROTOCOL [BIN]: a TLS listener (ALPN h2), the backend over
 # HTTP/1.1 (`http1`) or h2c (`http2`).
 start_upkeep_h2() {
-    local dir=$1 port=$2 admin=$3 protocol=$4 to=$backend_port
+    local dir=$1 port=$2 admin=$3 protocol=$4 bin=${5:-$UPKEEP} to=$backend_port
     [[ $protocol == http2 ]] && to=$backend_h2_port
     mkdir -p "$dir"
     cat >"$dir/upkeep.toml" <<EOF
@@ -381,7 +397,7 @@ group = "backend"
 endpoints = ["127.0.0.1:$to"]
 protocol = "$protocol"
 EOF
-    "$UPKEEP" serve --config "$dir/upkeep.toml" --access-log off --log-level warn \
+    "$bin" serve --config "$dir/upkeep.toml" --access-log off --log-level warn \
         >"$dir/stdout" 2>"$dir/stderr" &
     pids+=($!)
     wait_h2 "$port" "upkeep"
@@ -441,11 +457,12 @@ run_h2_target() {
     make_cert
     free_port port
     case $t in
-    upkeep-h2 | upkeep-h2-h2up)
+    upkeep-h2 | upkeep-h2-h2up | upkeep-pgo-h2)
         free_port admin
-        local protocol=http1
+        local protocol=http1 bin=$UPKEEP
         [[ $t == upkeep-h2-h2up ]] && protocol=http2
-        start_upkeep_h2 "$dir" "$port" "$admin" "$protocol"
+        [[ $t == upkeep-pgo-h2 ]] && bin=$UPKEEP_PGO
+        start_upkeep_h2 "$dir" "$port" "$admin" "$protocol" "$bin"
         measure_h2 "$name" "$port" "${pids[-1]}"
         upkeep_notes "$name" "$admin" "$dir" off
         stop "${pids[-1]}"
@@ -474,6 +491,9 @@ report_idle
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs, $ROUNDS round(s)"
 echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
+if [[ -n ${UPKEEP_PGO:-} ]]; then
+    echo "bench: upkeep-pgo rows: $("$UPKEEP_PGO" --version | head -1)"
+fi
 start_backend
 # Steal time (ticks the hypervisor gave to others) over the run, for the goals' header line.
 steal_ticks() { awk '/^cpu / { print $9 }' /proc/stat; }
@@ -729,25 +749,34 @@ echo
 steal=$(awk -v a="$steal_before" -v b="$(steal_ticks)" -v hz="$TICKS_PER_SEC" -v n="$(nproc)" -v s="$((SECONDS - steal_since))" \
     'BEGIN { if (s > 0) printf "%.1f", (b - a) / hz / (s * n) * 100; else print "?" }')
 echo "Goals (this run; load average before: ${load_before:-?}, after: $(cut -d' ' -f1-3 /proc/loadavg); CPU time stolen by the hypervisor: ~${steal}%)"
-u=upkeep@c$lo
-need=$(awk -v n="${rps[nginx@c$lo]:-}" 'BEGIN { if (n != "") printf "%.0f", n * 1.2 }')
-verdict "c$lo req/s >= 1.2x nginx" "${rps[$u]:-}" ge "$need" \
-    "upkeep ${rps[$u]:-?} vs 1.2 x nginx ${rps[nginx@c$lo]:-?} ($(ratio "${rps[$u]:-}" "${rps[nginx@c$lo]:-}")x)"
-best=$(min_of "${p99[nginx@c$lo]:-}" "${p99[haproxy@c$lo]:-}")
-verdict "c$lo p99 <= best peer's" "${p99[$u]:-}" le "$best" "upkeep ${p99[$u]:-?} ms vs $best ms"
-verdict "c$lo CPU/req <= nginx's" "${cpu[$u]:-}" le "${cpu[nginx@c$lo]:-}" \
-    "upkeep ${cpu[$u]:-?} us vs nginx ${cpu[nginx@c$lo]:-?} us"
-if [[ $hi != "$lo" ]]; then
-    u=upkeep@c$hi
-    verdict "c$hi req/s >= HAProxy" "${rps[$u]:-}" ge "${rps[haproxy@c$hi]:-}" \
-        "upkeep ${rps[$u]:-?} vs HAProxy ${rps[haproxy@c$hi]:-?} ($(ratio "${rps[$u]:-}" "${rps[haproxy@c$hi]:-}")x)"
-    best=$(min_of "${p99[nginx@c$hi]:-}" "${p99[haproxy@c$hi]:-}")
-    verdict "c$hi p99 <= best peer's" "${p99[$u]:-}" le "$best" "upkeep ${p99[$u]:-?} ms vs $best ms"
-    verdict "c$hi upstream connections opened <= 2x concurrency" "${newconns[$u]:-}" le $((2 * hi)) \
-        "${newconns[$u]:-?} opened (warm-up included) for $hi connections"
+# judge PREFIX ROW H2ROW: the goals for one build of upkeep, its rows named ROW@cN and H2ROW,
+# each verdict's name after PREFIX.
+judge() {
+    local pre=$1 row=$2 h2=$3 u need best
+    u=$row@c$lo
+    need=$(awk -v n="${rps[nginx@c$lo]:-}" 'BEGIN { if (n != "") printf "%.0f", n * 1.2 }')
+    verdict "${pre}c$lo req/s >= 1.2x nginx" "${rps[$u]:-}" ge "$need" \
+        "upkeep ${rps[$u]:-?} vs 1.2 x nginx ${rps[nginx@c$lo]:-?} ($(ratio "${rps[$u]:-}" "${rps[nginx@c$lo]:-}")x)"
+    best=$(min_of "${p99[nginx@c$lo]:-}" "${p99[haproxy@c$lo]:-}")
+    verdict "${pre}c$lo p99 <= best peer's" "${p99[$u]:-}" le "$best" "upkeep ${p99[$u]:-?} ms vs $best ms"
+    verdict "${pre}c$lo CPU/req <= nginx's" "${cpu[$u]:-}" le "${cpu[nginx@c$lo]:-}" \
+        "upkeep ${cpu[$u]:-?} us vs nginx ${cpu[nginx@c$lo]:-?} us"
+    if [[ $hi != "$lo" ]]; then
+        u=$row@c$hi
+        verdict "${pre}c$hi req/s >= HAProxy" "${rps[$u]:-}" ge "${rps[haproxy@c$hi]:-}" \
+            "upkeep ${rps[$u]:-?} vs HAProxy ${rps[haproxy@c$hi]:-?} ($(ratio "${rps[$u]:-}" "${rps[haproxy@c$hi]:-}")x)"
+        best=$(min_of "${p99[nginx@c$hi]:-}" "${p99[haproxy@c$hi]:-}")
+        verdict "${pre}c$hi p99 <= best peer's" "${p99[$u]:-}" le "$best" "upkeep ${p99[$u]:-?} ms vs $best ms"
+        verdict "${pre}c$hi upstream connections opened <= 2x concurrency" "${newconns[$u]:-}" le $((2 * hi)) \
+            "${newconns[$u]:-?} opened (warm-up included) for $hi connections"
+    fi
+    verdict "${pre}h2 req/s >= HAProxy" "${rps[$h2]:-}" ge "${rps[haproxy-h2]:-}" \
+        "upkeep ${rps[$h2]:-?} vs HAProxy ${rps[haproxy-h2]:-?} ($(ratio "${rps[$h2]:-}" "${rps[haproxy-h2]:-}")x)"
+}
+judge "" upkeep upkeep-h2
+if [[ -n ${UPKEEP_PGO:-} ]]; then
+    judge "pgo: " upkeep-pgo upkeep-pgo-h2
 fi
-verdict "h2 req/s >= HAProxy" "${rps[upkeep-h2]:-}" ge "${rps[haproxy-h2]:-}" \
-    "upkeep ${rps[upkeep-h2]:-?} vs HAProxy ${rps[haproxy-h2]:-?} ($(ratio "${rps[upkeep-h2]:-}" "${rps[haproxy-h2]:-}")x)"
 if [[ -n ${rps[upkeep-h2-h2up]:-} && -n ${rps[haproxy-h2-h2up]:-} ]]; then
     printf 'INFO  %-52s %s\n' "h2 with an h2c upstream vs HAProxy" \
         "upkeep ${rps[upkeep-h2-h2up]} req/s ${cpu[upkeep-h2-h2up]} us/req, HAProxy ${rps[haproxy-h2-h2up]} req/s ${cpu[haproxy-h2-h2up]} us/req ($(ratio "${rps[upkeep-h2-h2up]}" "${rps[haproxy-h2-h2up]}")x)"

@@ -12,9 +12,17 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The version `--version` prints: a binary built by `bench/pgo.sh` says it is the
+/// profile-guided build (the script sets `UPKEEP_PGO` while compiling it), so a benchmark's
+/// header and a deployed binary tell which build they are.
+const VERSION: &str = match option_env!("UPKEEP_PGO") {
+    Some(_) => concat!(env!("CARGO_PKG_VERSION"), " (profile-guided build)"),
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 /// HTTP reverse proxy and load balancer that never turns a transient fault into an outage.
 #[derive(Debug, Parser)]
-#[command(name = "upkeep", version, about)]
+#[command(name = "upkeep", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
