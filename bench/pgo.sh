@@ -64,7 +64,9 @@ gen=$target/pgo-generate/release/upkeep
 # binary but write elsewhere, so the lab backend's code does not count as the proxy's.
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=pgo.test \
     -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
-helper() { LLVM_PROFILE_FILE="$work/other/%p.profraw" "$gen" "$@"; }
+# `exec`: started with `&`, the function's subshell becomes the binary, so the PID recorded for
+# the cleanup on exit is the process to stop.
+helper() { LLVM_PROFILE_FILE="$work/other/%p.profraw" exec "$gen" "$@"; }
 free_port backend_port
 helper lab backend --listen "127.0.0.1:$backend_port" --name ok >"$work/backend.log" 2>&1 &
 pids+=($!)
