@@ -195,7 +195,7 @@ start_haproxy() {
     wait_ok "$port" "haproxy"
 }
 
-# start_upkeep DIR PORT ADMIN LOG WORKERS [AFFINITY]
+# start_upkeep DIR PORT ADMIN LOG WORKERS [AFFINITY] [BIN] (BIN: default $UPKEEP)
 start_upkeep() {
     local dir=$1 port=$2 admin=$3 log=$4 workers=$5 affinity=${6:-} bin=${7:-$UPKEEP}
     mkdir -p "$dir"
