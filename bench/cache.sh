@@ -36,7 +36,8 @@ wait_ok "$proxy_port" "$PROXY under callgrind"
 
 url="http://127.0.0.1:$proxy_port/"
 echo "bench: $version, $what, wrk -t1 for $DURATION per count, simulated LL cache $LL"
-printf '%-12s %9s %14s %10s %10s %10s\n' connections requests "data refs/req" "L1 miss" "LL miss" "of them rd"
+printf '%-12s %9s %11s %14s %10s %10s %10s\n' connections requests "instr/req" "data refs/req" "L1 miss" \
+    "LL miss" "of them rd"
 for c in $CONNECTIONS; do
     # Connections (downstream and upstream) open, buffers and pools at their working size.
     wrk -t1 -c"$c" -d3s --timeout 30s "$url" >/dev/null
@@ -52,13 +53,14 @@ for c in $CONNECTIONS; do
     ((requests > 0)) || die "wrk completed no request (see $work/wrk-$c.txt)"
     dump=$(ls -t "$work"/callgrind.out.* 2>/dev/null | head -1)
     [[ -n $dump ]] || die "callgrind wrote no dump"
-    # PROGRAM TOTALS in the order asked for (Dr Dw D1mr D1mw DLmr DLmw), each followed by its
-    # share in parentheses, which goes.
-    callgrind_annotate --show=Dr,Dw,D1mr,D1mw,DLmr,DLmw "$dump" 2>/dev/null |
+    # PROGRAM TOTALS in the order asked for (Ir Dr Dw D1mr D1mw DLmr DLmw), each followed by
+    # its share in parentheses, which goes. The instructions are those of a request with this
+    # many in flight, where bench/instructions.sh sends one at a time.
+    callgrind_annotate --show=Ir,Dr,Dw,D1mr,D1mw,DLmr,DLmw "$dump" 2>/dev/null |
         awk -v n="$requests" -v c="$c" '/PROGRAM TOTALS/ {
             gsub(/\([^)]*\)/, ""); $0 = $0
-            for (i = 1; i <= 6; i++) gsub(",", "", $i)
-            printf "%-12s %9d %14.0f %10.1f %10.1f %10.1f\n", c, n, ($1 + $2) / n,
-                ($3 + $4) / n, ($5 + $6) / n, $5 / n
+            for (i = 1; i <= 7; i++) gsub(",", "", $i)
+            printf "%-12s %9d %11.0f %14.0f %10.1f %10.1f %10.1f\n", c, n, $1 / n,
+                ($2 + $3) / n, ($4 + $5) / n, ($6 + $7) / n, $6 / n
         }'
 done

@@ -43,9 +43,14 @@ pub(crate) fn take<T: 'static>(list: &'static List<T>) -> Option<T> {
     list.try_with(|l| l.borrow_mut().pop()).ok().flatten()
 }
 
-/// Buffers kept aside per thread (see [`give_back`]): at most 64, of up to 16 KiB.
+/// Buffers kept aside per thread (see [`give_back`]): at most 256, of up to 16 KiB. Enough
+/// for the read and write buffers of 256 requests in flight on one thread: with 64, a thread
+/// serving 128-256 connections freed what it could not keep and allocated it again a moment
+/// later, on most requests (docs/performance-history.md, "Allocator thread caches for a few
+/// hundred requests in flight"). What a thread keeps is at most 4 MiB, most often 256
+/// buffers of 4 or 8 KiB, and only after that many were in use at once.
 const BUFFER_BOUND: Bound = Bound {
-    count: 64,
+    count: 256,
     largest: 16 * 1024,
 };
 

@@ -8,7 +8,9 @@ use clap::{Parser, Subcommand};
 /// jemalloc rather than the system allocator: fewer instructions per request (about 2 % of an
 /// HTTP/1 request and 6 % of an HTTP/2 one, much of the system allocator's cost there being
 /// its large-block path and consolidation) and less memory per idle connection
-/// (docs/performance-history.md, "The allocator").
+/// (docs/performance-history.md, "The allocator"). Built with larger thread caches for a few
+/// hundred requests in flight a thread (`JEMALLOC_SYS_WITH_MALLOC_CONF` in .cargo/config.toml;
+/// tests/process/allocator.rs checks the built binary).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

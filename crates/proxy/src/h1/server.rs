@@ -283,7 +283,7 @@ where
 /// Reads more of the next request head. When nothing has come, the connection lets go of its
 /// write buffer, and of its read buffer unless part of a head waits in it: an idle
 /// keep-alive connection holds no buffer. They are kept aside for the thread's next read or
-/// response (`crate::spare::give_back`, at most 64), so this costs no allocation per request (a
+/// response (`crate::spare::give_back`, at most 256), so this costs no allocation per request (a
 /// connection busy with pipelined requests never waits here, and keeps its buffers).
 fn poll_read_head<IO>(
     wire: &Shared<IO>,

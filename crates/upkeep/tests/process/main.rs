@@ -7,6 +7,7 @@ mod support;
 
 mod admin;
 mod affinity;
+mod allocator;
 mod endpointslices;
 mod head_timeout;
 mod hostile;
