@@ -40,6 +40,10 @@
 #                      Needs h2load (Debian: nghttp2-client) and openssl.
 #   BENCH_H2_CLIENTS   h2load clients (connections)          (default 16)
 #   BENCH_H2_STREAMS   h2load streams per connection         (default 8)
+#   BENCH_PROXY_CPUS   CPUs for the proxy under test alone, as taskset lists them ("2-3"): every
+#                      proxy runs there, with as many workers or threads as the list has CPUs,
+#                      and wrk, h2load, the backend and the WebSocket programs on the other CPUs
+#                      this script may use. Unset (the default): all share every CPU
 #   BENCH_ROUNDS       rounds of every HTTP/1.1 and HTTP/2 row (default 1). With N > 1 the rows
 #                      of one table section are measured in turn N times, each round starting
 #                      one row later in the list, and each row shows the median of its rounds
@@ -55,16 +59,54 @@ WARMUP=${BENCH_WARMUP:-2s}
 THREADS=${BENCH_THREADS:-2}
 CONNECTION_LIST=${BENCH_CONNECTIONS:-64 256}
 CONNECTIONS=${CONNECTION_LIST%% *}
-# The CPUs this script may run on, one a line.
-allowed_cpus() {
-    awk '/^Cpus_allowed_list/ { print $2 }' /proc/self/status | tr ',' '\n' |
-        while IFS=- read -r a b; do seq "$a" "${b:-$a}"; done
+# expand_cpus LIST: the CPUs of a taskset-style LIST ("0-2,5"), one a line.
+expand_cpus() {
+    tr ',' '\n' <<<"$1" | while IFS=- read -r a b; do seq "$a" "${b:-$a}"; done
+}
+# The CPUs this script may run on, one a line (read before BENCH_PROXY_CPUS narrows them).
+ALLOWED_CPUS=$(expand_cpus "$(awk '/^Cpus_allowed_list/ { print $2 }' /proc/self/status)")
+allowed_cpus() { printf '%s\n' "$ALLOWED_CPUS"; }
+
+# BENCH_PROXY_CPUS: the proxies on those CPUs (`on_proxy_cpus` before each one's command),
+# everything else on the rest (this shell's own affinity, which its other children inherit).
+# PROXY_CPUS: the proxies' CPUs, one a line; NGINX_WORKERS and PROXY_THREADS: the proxies'
+# worker processes and threads (nginx `auto` and two HAProxy threads when unset, as always).
+on_proxy_cpus=()
+PROXY_CPUS=$ALLOWED_CPUS
+NGINX_WORKERS=auto
+PROXY_THREADS=2
+if [[ -n ${BENCH_PROXY_CPUS:-} ]]; then
+    command -v taskset >/dev/null || die "taskset not found (Debian: apt-get install util-linux)"
+    [[ $BENCH_PROXY_CPUS =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
+        die "BENCH_PROXY_CPUS: a CPU list such as 2-3 or 2,3, not '$BENCH_PROXY_CPUS'"
+    PROXY_CPUS=$(expand_cpus "$BENCH_PROXY_CPUS" | sort -nu)
+    for c in $PROXY_CPUS; do
+        grep -qx "$c" <<<"$ALLOWED_CPUS" ||
+            die "BENCH_PROXY_CPUS: CPU $c is not one this script may run on ($(allowed_cpus | paste -sd,))"
+    done
+    load_cpus=$(grep -vxF -f <(printf '%s\n' "$PROXY_CPUS") <<<"$ALLOWED_CPUS" | paste -sd,)
+    [[ -n $load_cpus ]] ||
+        die "BENCH_PROXY_CPUS: no CPU left for wrk and the backend (allowed: $(allowed_cpus | paste -sd,))"
+    taskset -pc "$load_cpus" $$ >/dev/null
+    on_proxy_cpus=(taskset -c "$(paste -sd, <<<"$PROXY_CPUS")")
+    NGINX_WORKERS=$(wc -l <<<"$PROXY_CPUS")
+    PROXY_THREADS=$NGINX_WORKERS
+fi
+# cpu_mask: the proxies' CPUs as the bit mask nginx's `worker_cpu_affinity auto MASK` takes
+# (the lowest CPU rightmost).
+cpu_mask() {
+    local c top mask=""
+    top=$(tail -1 <<<"$PROXY_CPUS")
+    for ((c = top; c >= 0; c--)); do
+        if grep -qx "$c" <<<"$PROXY_CPUS"; then mask+=1; else mask+=0; fi
+    done
+    echo "$mask"
 }
 
 TARGETS=${BENCH_TARGETS:-direct upkeep upkeep-log nginx nginx-log haproxy upkeep-unpinned nginx-pinned haproxy-pinned}
-# Two HAProxy threads held to two CPUs need two CPUs to hold them to.
-if [[ -z ${BENCH_TARGETS:-} && $(allowed_cpus | wc -l) -lt 2 ]]; then
-    echo "bench: haproxy-pinned left out: this script may run on one CPU only" >&2
+# HAProxy's threads held to CPUs need as many CPUs to hold them to.
+if [[ -z ${BENCH_TARGETS:-} && $(wc -l <<<"$PROXY_CPUS") -lt $PROXY_THREADS ]]; then
+    echo "bench: haproxy-pinned left out: fewer CPUs for the proxies than its $PROXY_THREADS threads" >&2
     TARGETS=${TARGETS% haproxy-pinned}
 fi
 HIGH_TARGETS=${BENCH_HIGH_TARGETS-direct upkeep nginx haproxy}
@@ -164,15 +206,15 @@ start_nginx() {
     [[ $log == on ]] && access="access_log $dir/access.log;"
     {
         nginx_common "$dir"
-        echo "worker_processes auto;"
-        [[ $pinned == on ]] && echo "worker_cpu_affinity auto;"
+        echo "worker_processes $NGINX_WORKERS;"
+        [[ $pinned == on ]] && echo "worker_cpu_affinity auto $(cpu_mask);"
         echo "http {"
         nginx_http_common "$dir"
         echo "    $access"
         nginx_proxy_http "$backend_port" "127.0.0.1:$port"
         echo "}"
     } >"$dir/nginx.conf"
-    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    "${on_proxy_cpus[@]}" "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_ok "$port" "nginx"
 }
@@ -185,12 +227,13 @@ start_haproxy() {
     local cpu_map=
     if [[ $pinned == on ]]; then
         local cpus
-        cpus=$(allowed_cpus | head -2 | paste -sd,)
-        [[ $cpus == *,* ]] || die "haproxy-pinned needs two CPUs (allowed: $(allowed_cpus | paste -sd,))"
-        cpu_map="cpu-map auto:1/1-2 $cpus"
+        cpus=$(head -"$PROXY_THREADS" <<<"$PROXY_CPUS" | paste -sd,)
+        [[ $(wc -l <<<"$PROXY_CPUS") -ge $PROXY_THREADS ]] ||
+            die "haproxy-pinned needs $PROXY_THREADS CPUs (allowed: $(paste -sd, <<<"$PROXY_CPUS"))"
+        cpu_map="cpu-map auto:1/1-$PROXY_THREADS $cpus"
     fi
-    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$backend_port" "" "$cpu_map"
-    "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
+    haproxy_cfg "$dir/haproxy.cfg" "$PROXY_THREADS" "127.0.0.1:$port" "$backend_port" "" "$cpu_map"
+    "${on_proxy_cpus[@]}" "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_ok "$port" "haproxy"
 }
@@ -204,7 +247,7 @@ start_upkeep() {
     local extra=()
     [[ -n $workers ]] && extra=(--workers "$workers")
     [[ -n $affinity ]] && extra+=(--cpu-affinity "$affinity")
-    "$bin" serve --listen "127.0.0.1:$port" \
+    "${on_proxy_cpus[@]}" "$bin" serve --listen "127.0.0.1:$port" \
         --to "http://127.0.0.1:$backend_port" --admin "127.0.0.1:$admin" \
         --access-log "$dest" --log-level warn "${extra[@]}" >"$dir/stdout" 2>"$dir/stderr" &
     pids+=($!)
@@ -251,6 +294,12 @@ children_seconds() {
 }
 TICKS_PER_SEC=$(getconf CLK_TCK)
 
+# per_request TICKS N: CPU microseconds a request, TICKS of CPU time spread over N requests.
+per_request() {
+    awk -v t="$1" -v hz="$TICKS_PER_SEC" -v n="$2" \
+        'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }'
+}
+
 # measure NAME PORT PID: warm-up run, then the measured run; parses wrk's --latency output and
 # charges the CPU time PID (the proxy, or the backend for `direct`) used to the requests served.
 # CPU per request depends less than req/s on what else the machine is running.
@@ -270,13 +319,9 @@ measure() {
     children_seconds w1
     local n
     n=$(awk '/requests in/ { print $1 }' "$out")
-    per_request() {
-        awk -v t="$1" -v hz="$TICKS_PER_SEC" -v n="$n" \
-            'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }'
-    }
-    cpu[$name]=$(per_request $((c1 - c0)))
-    cpu_user[$name]=$(per_request $((u1 - u0)))
-    cpu_backend[$name]=$(per_request $((b1 - b0)))
+    cpu[$name]=$(per_request $((c1 - c0)) "$n")
+    cpu_user[$name]=$(per_request $((u1 - u0)) "$n")
+    cpu_backend[$name]=$(per_request $((b1 - b0)) "$n")
     cpu_wrk[$name]=$(awk -v a="$w0" -v b="$w1" -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / n; else print "-" }')
     rps[$name]=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
     p50[$name]=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$out")")
@@ -397,7 +442,7 @@ group = "backend"
 endpoints = ["127.0.0.1:$to"]
 protocol = "$protocol"
 EOF
-    "$bin" serve --config "$dir/upkeep.toml" --access-log off --log-level warn \
+    "${on_proxy_cpus[@]}" "$bin" serve --config "$dir/upkeep.toml" --access-log off --log-level warn \
         >"$dir/stdout" 2>"$dir/stderr" &
     pids+=($!)
     wait_h2 "$port" "upkeep"
@@ -408,7 +453,7 @@ start_nginx_h2() {
     mkdir -p "$dir"
     {
         nginx_common "$dir"
-        echo "worker_processes auto;"
+        echo "worker_processes $NGINX_WORKERS;"
         echo "http {"
         nginx_http_common "$dir"
         echo "    access_log off;"
@@ -416,7 +461,7 @@ start_nginx_h2() {
             "ssl_certificate $work/tls/cert.pem; ssl_certificate_key $work/tls/key.pem; http2_max_requests 1000000;"
         echo "}"
     } >"$dir/nginx.conf"
-    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    "${on_proxy_cpus[@]}" "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_h2 "$port" "nginx"
 }
@@ -426,8 +471,8 @@ start_nginx_h2() {
 start_haproxy_h2() {
     local dir=$1 port=$2 server=${3:-$backend_port}
     mkdir -p "$dir"
-    haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1" "$server"
-    "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
+    haproxy_cfg "$dir/haproxy.cfg" "$PROXY_THREADS" "127.0.0.1:$port ssl crt $work/tls/both.pem alpn h2,http/1.1" "$server"
+    "${on_proxy_cpus[@]}" "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
     pids+=($!)
     wait_h2 "$port" "haproxy"
 }
@@ -435,15 +480,17 @@ start_haproxy_h2() {
 # measure_h2 NAME PORT PID: like `measure`, with h2load. h2load gives the mean and the max time
 # per request (no percentiles); they take the p50 and p99 slots of its own table.
 measure_h2() {
-    local name=$1 port=$2 pid=$3 out=$work/h2load-$1.txt c0 c1 n non2xx
+    local name=$1 port=$2 pid=$3 out=$work/h2load-$1.txt c0 c1 u0 u1 n non2xx
     local args=(-c "$H2_CLIENTS" -m "$H2_STREAMS" -t "$THREADS")
     "$H2LOAD" "${args[@]}" -D "$WARMUP" "https://127.0.0.1:$port/" >"$out.warmup"
     c0=$(cpu_ticks "$pid")
+    u0=$(cpu_ticks "$pid" user)
     "$H2LOAD" "${args[@]}" -D "$DURATION" "https://127.0.0.1:$port/" >"$out"
     c1=$(cpu_ticks "$pid")
+    u1=$(cpu_ticks "$pid" user)
     n=$(awk '/^requests:/ { print $8 }' "$out")
-    cpu[$name]=$(awk -v t=$((c1 - c0)) -v hz="$TICKS_PER_SEC" -v n="$n" \
-        'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }')
+    cpu[$name]=$(per_request $((c1 - c0)) "$n")
+    cpu_user[$name]=$(per_request $((u1 - u0)) "$n")
     rps[$name]=$(awk '/^finished in/ { print $4 }' "$out")
     p50[$name]=$(to_ms "$(awk '/^time for request:/ { print $6 }' "$out")")
     p99[$name]=$(to_ms "$(awk '/^time for request:/ { print $5 }' "$out")")
@@ -489,7 +536,10 @@ ratio() {
 
 report_idle
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(nproc) CPUs, $ROUNDS round(s)"
+echo "bench: wrk -t$THREADS -c{${CONNECTION_LIST// /,}} -d$DURATION (warm-up $WARMUP) on 127.0.0.1, $(allowed_cpus | wc -l) CPUs, $ROUNDS round(s)"
+if [[ -n ${BENCH_PROXY_CPUS:-} ]]; then
+    echo "bench: the proxies on CPUs $(paste -sd, <<<"$PROXY_CPUS") (nginx: worker_processes $NGINX_WORKERS; HAProxy: nbthread $PROXY_THREADS; upkeep: a serving thread a CPU); wrk, h2load and the backend on CPUs $load_cpus"
+fi
 echo "bench: $("$NGINX" -v 2>&1 | head -1); $("$HAPROXY" -v | head -1 | cut -d' ' -f1-3); $("$UPKEEP" --version | head -1)"
 if [[ -n ${UPKEEP_PGO:-} ]]; then
     echo "bench: upkeep-pgo rows: $("$UPKEEP_PGO" --version | head -1)"
@@ -658,7 +708,7 @@ for t in $WS_TARGETS; do
     ws-upkeep)
         free_port port
         free_port admin
-        "$UPKEEP" serve --listen "127.0.0.1:$port" --to "http://127.0.0.1:$ws_port" \
+        "${on_proxy_cpus[@]}" "$UPKEEP" serve --listen "127.0.0.1:$port" --to "http://127.0.0.1:$ws_port" \
             --admin "127.0.0.1:$admin" --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
         pids+=($!)
         wait_listen "$port"
@@ -669,7 +719,7 @@ for t in $WS_TARGETS; do
         free_port port
         {
             nginx_common "$dir"
-            echo "worker_processes auto;"
+            echo "worker_processes $NGINX_WORKERS;"
             echo "http {"
             nginx_http_common "$dir"
             cat <<EOF
@@ -687,7 +737,7 @@ for t in $WS_TARGETS; do
 }
 EOF
         } >"$dir/nginx.conf"
-        "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+        "${on_proxy_cpus[@]}" "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
         pids+=($!)
         wait_listen "$port"
         ws_measure "$t" "$port" "${pids[-1]}"
@@ -695,8 +745,8 @@ EOF
         ;;
     ws-haproxy)
         free_port port
-        haproxy_cfg "$dir/haproxy.cfg" 2 "127.0.0.1:$port" "$ws_port" "timeout tunnel 1h"
-        "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
+        haproxy_cfg "$dir/haproxy.cfg" "$PROXY_THREADS" "127.0.0.1:$port" "$ws_port" "timeout tunnel 1h"
+        "${on_proxy_cpus[@]}" "$HAPROXY" -db -f "$dir/haproxy.cfg" >"$dir/stdout" 2>&1 &
         pids+=($!)
         wait_listen "$port"
         ws_measure "$t" "$port" "${pids[-1]}"
@@ -777,6 +827,16 @@ judge "" upkeep upkeep-h2
 if [[ -n ${UPKEEP_PGO:-} ]]; then
     judge "pgo: " upkeep-pgo upkeep-pgo-h2
 fi
+# Where the HTTP/2 rows' CPU a request goes: user space (TLS, HTTP/2 framing and HPACK, the
+# proxying) and the kernel (loopback TCP, wake-ups), for each proxy measured.
+split=""
+for t in upkeep-h2 upkeep-pgo-h2 haproxy-h2 nginx-h2; do
+    [[ -n ${cpu[$t]:-} && ${cpu[$t]} != - && -n ${cpu_user[$t]:-} ]] || continue
+    split+="${split:+, }$t $(awk -v c="${cpu[$t]}" -v u="${cpu_user[$t]}" 'BEGIN { printf "%.1f + %.1f", u, c - u }')"
+done
+if [[ -n $split ]]; then
+    printf 'INFO  %-52s %s\n' "h2 CPU us/req, user + kernel" "$split"
+fi
 if [[ -n ${rps[upkeep-h2-h2up]:-} && -n ${rps[haproxy-h2-h2up]:-} ]]; then
     printf 'INFO  %-52s %s\n' "h2 with an h2c upstream vs HAProxy" \
         "upkeep ${rps[upkeep-h2-h2up]} req/s ${cpu[upkeep-h2-h2up]} us/req, HAProxy ${rps[haproxy-h2-h2up]} req/s ${cpu[haproxy-h2-h2up]} us/req ($(ratio "${rps[upkeep-h2-h2up]}" "${rps[haproxy-h2-h2up]}")x)"
@@ -784,8 +844,13 @@ fi
 # What the machine allows at all: were the proxy's user-space time zero (its kernel time left
 # as nginx's), the CPU that wrk, the backend and nginx's kernel time take per request would
 # still cap the rate here. A goal above this ratio cannot be met on this machine.
+# With the proxies on CPUs of their own (BENCH_PROXY_CPUS) wrk and the backend take none of
+# theirs; what the other CPUs allow is the `direct` row.
 n=nginx@c$lo
-if [[ -n ${cpu[$n]:-} && ${cpu[$n]} != - && -n ${cpu_wrk[$n]:-} ]]; then
+if [[ -n ${BENCH_PROXY_CPUS:-} ]]; then
+    printf 'INFO  %-52s %s\n' "c$lo ceiling with zero proxy user time" \
+        "none: the proxies had CPUs $(paste -sd, <<<"$PROXY_CPUS") to themselves (wrk and the backend alone: the direct row)"
+elif [[ -n ${cpu[$n]:-} && ${cpu[$n]} != - && -n ${cpu_wrk[$n]:-} ]]; then
     printf 'INFO  %-52s %s\n' "c$lo ceiling with zero proxy user time" "$(awk \
         -v r="${rps[$n]}" -v p="${cpu[$n]}" -v pu="${cpu_user[$n]}" -v w="${cpu_wrk[$n]}" \
         -v b="${cpu_backend[$n]}" 'BEGIN {
